@@ -1,0 +1,221 @@
+"""`POST /v1/chat/completions`: parse, classify, run the pipeline, forward, stream back.
+
+The one route where the proxy reads the request. A body it cannot understand (not
+JSON, `messages` missing or not a list) is forwarded byte for byte: the proxy
+never rejects what the upstream might accept, and the log says why it was left
+alone. When a stage rewrites the messages, only `messages` changes in the
+forwarded body; every other field goes through as sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+
+from proxy.config import Tenant
+from proxy.errors import RecapError
+from proxy.identity import conversation_ref, resolve_tenant
+from proxy.logs import log_fields
+from proxy.messages import classify
+from proxy.pipeline import Control, Exchange
+from proxy.relay import (
+    ClientDisconnected,
+    Receive,
+    Responder,
+    Scope,
+    Send,
+    content_length,
+    read_body,
+    until_disconnect,
+)
+from proxy.state import AppState
+from proxy.upstream import request_headers, response_headers, translate, upstream_url
+
+log = logging.getLogger("recap.chat")
+
+MAX_ERROR_BODY = 64 * 1024
+
+
+def parse_chat(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The body as a dict when the proxy can safely work on it, else (None, why not)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None, "body is not JSON"
+    if not isinstance(body, dict):
+        return None, "body is not a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None, "messages missing or not a list"
+    if not all(isinstance(m, dict) for m in messages):
+        return None, "a message is not an object"
+    return body, ""
+
+
+def control_of(headers: Mapping[str, str]) -> Control:
+    value = headers.get("x-recap-compaction", "auto").strip().lower()
+    return value if value in ("off", "auto", "force") else "auto"  # type: ignore[return-value]
+
+
+def encode_body(body: dict[str, Any], messages: list[Any]) -> bytes:
+    """Deterministic serialisation: the same messages give the same bytes (prompt caches)."""
+    out = dict(body)
+    out["messages"] = messages
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+
+class ChatCompletions:
+    """ASGI app; the app's long-lived state comes from lifespan state in the scope."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state: AppState = scope["state"]["recap"]
+        start = time.perf_counter()
+        fields = log_fields(scope)
+        responder = Responder(send, [])
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        config = state.config
+        try:
+            tenant = resolve_tenant(config, headers)
+            fields["tenant"] = tenant.name
+            raw = await read_body(receive, config.max_body_bytes, content_length(scope))
+            body, why = parse_chat(raw)
+            exchange: Exchange | None = None
+            if body is None:
+                fields["passthrough_reason"] = why
+                log.info("chat body forwarded unchanged: %s", why, extra={"request_id": fields["request_id"]})
+            else:
+                conv = conversation_ref(config, tenant, headers, body)
+                exchange = Exchange(
+                    request_id=fields["request_id"],
+                    tenant=tenant,
+                    conversation=conv,
+                    headers=headers,
+                    body=body,
+                    classification=classify(body["messages"]),
+                    context_window=config.context_window(body.get("model") if isinstance(body.get("model"), str) else None),
+                    control=control_of(headers),
+                    log_fields=fields,
+                )
+                fields.update(
+                    conversation=conv.key,
+                    classification=exchange.classification.value,
+                    messages=len(body["messages"]),
+                )
+            await until_disconnect(
+                receive, self._proxy(state, scope, tenant, raw, exchange, responder, start)
+            )
+        except RecapError as err:
+            fields["error"] = err.code
+            await responder.error(err)
+        except ClientDisconnected:
+            fields["client_disconnected"] = True
+
+    async def _proxy(
+        self,
+        state: AppState,
+        scope: Scope,
+        tenant: Tenant,
+        raw: bytes,
+        exchange: Exchange | None,
+        responder: Responder,
+        start: float,
+    ) -> None:
+        fields = log_fields(scope)
+        payload = raw
+        if exchange is not None:
+            if exchange.stream:
+                exchange.notify = self._sse_notifier(responder, exchange)
+            await state.pipeline.run(exchange)
+            if exchange.changed:
+                payload = encode_body(exchange.body, exchange.messages)
+        upstream = tenant.upstream
+        client = state.upstreams.client(upstream)
+        overhead_ms = round((time.perf_counter() - start) * 1000, 1)
+        fields["overhead_ms"] = overhead_ms
+        extra = {"x-recap-overhead-ms": str(overhead_ms)}
+        if exchange is not None:
+            extra.update(exchange.response_headers)
+        request = client.build_request(
+            "POST",
+            upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
+            headers=request_headers(scope["headers"], upstream, keep_encoding=False),
+            content=payload,
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            err = translate(exc)
+            if err is None:
+                raise
+            fields["error"] = err.code
+            await responder.error(err)
+            return
+        try:
+            fields["upstream_status"] = response.status_code
+            await self._relay(response, responder, extra)
+        finally:
+            await response.aclose()
+
+    async def _relay(self, response: httpx.Response, responder: Responder, extra: dict[str, str]) -> None:
+        if responder.started:
+            # The SSE stream is already open (compaction progress was sent): an
+            # upstream error can only be reported in-band.
+            if response.status_code >= 400:
+                body = await _bounded_read(response)
+                await responder.chunk(b"data: " + _as_error_event(body, response.status_code) + b"\n\n")
+                await responder.end()
+                return
+        else:
+            responder.sse = response.headers.get("content-type", "").startswith("text/event-stream")
+            if responder.sse:
+                extra = {**extra, "x-accel-buffering": "no"}
+            headers = response_headers(response.headers, decoded=True, extra=extra)
+            await responder.start(response.status_code, headers)
+        try:
+            async for chunk in response.aiter_bytes():
+                await responder.chunk(chunk)
+        except httpx.HTTPError as exc:
+            err = translate(exc)
+            if err is None:
+                raise
+            await responder.error(err)
+            return
+        await responder.end()
+
+    def _sse_notifier(
+        self, responder: Responder, exchange: Exchange
+    ) -> Callable[[str], Awaitable[None]]:
+        async def notify(text: str) -> None:
+            if not responder.started:
+                await responder.start_sse([(k.encode(), v.encode()) for k, v in exchange.response_headers.items()])
+            await responder.comment(text)
+
+        return notify
+
+
+async def _bounded_read(response: httpx.Response) -> bytes:
+    out = bytearray()
+    async for chunk in response.aiter_bytes():
+        out += chunk
+        if len(out) > MAX_ERROR_BODY:
+            break
+    return bytes(out)
+
+
+def _as_error_event(body: bytes, status: int) -> bytes:
+    """The upstream's own error object when it sent one, else a generic one with its status."""
+    try:
+        parsed = json.loads(body)
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+            return json.dumps(parsed).encode()
+    except ValueError:
+        pass
+    text = body[:2000].decode("utf-8", "replace")
+    return json.dumps(
+        {"error": {"message": text or f"upstream status {status}", "type": "upstream_error", "param": None, "code": status}}
+    ).encode()

@@ -1,0 +1,91 @@
+"""The `recap` command: serve, tail (operators' commands join here as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from proxy.config import ConfigError, load_config
+
+
+def _config_path(arg: str | None) -> str:
+    return arg or os.environ.get("RECAP_CONFIG") or "config.yaml"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from proxy.app import create_app
+    from proxy.logs import configure_logging
+
+    config = load_config(_config_path(args.config))
+    configure_logging(args.log_format, args.log_level.upper())
+    host = args.host or config.listen.host
+    port = args.port if args.port is not None else config.listen.port
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_config=None,  # our own logging; uvicorn's access log would duplicate ours
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        # A proxy passes the upstream's Date and Server; uvicorn's would duplicate them.
+        server_header=False,
+        date_header=False,
+    )
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    from proxy.tail import tail
+
+    stream = sys.stdin if args.file in (None, "-") else open(args.file, encoding="utf-8")  # noqa: SIM115
+    try:
+        tail(stream, sys.stdout, conversation=args.conversation, follow=args.follow)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="recap", description="Recap: a context-compaction proxy.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", help="config file (default: $RECAP_CONFIG or ./config.yaml)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument(
+        "--log-format",
+        choices=["json", "text"],
+        default=None,
+        help="default: text on a terminal, json otherwise",
+    )
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+
+    tail_p = sub.add_parser("tail", help="print a Recap log (file or stdin) readably")
+    tail_p.add_argument("file", nargs="?", help="log file (default: stdin)")
+    tail_p.add_argument("--conversation", help="only this conversation key")
+    tail_p.add_argument("-f", "--follow", action="store_true", help="keep reading as the file grows")
+    tail_p.set_defaults(func=cmd_tail)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"recap: config error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Typed, frozen configuration loaded from YAML.
+
+Read once at start-up (`load_config`) and handed to `create_app`; nothing else in
+the package reads files or the environment for settings. Unknown keys are
+rejected by their dotted name, and `${ENV_VAR}` / `${ENV_VAR:-default}` is
+interpolated in string values so secrets stay out of the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """The configuration file is wrong; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+@dataclass(frozen=True)
+class Upstream:
+    base_url: str = "https://api.openai.com/v1"
+    # Absent or empty: the client's own Authorization header is forwarded.
+    api_key: str = ""
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_connections: int = 512
+
+
+@dataclass(frozen=True)
+class SessionCompaction:
+    """Session rolling summaries (seed 000 §6, defaults from its §12 table)."""
+
+    enabled: bool = True
+    mode: Literal["hybrid", "replace"] = "hybrid"
+    min_new_tokens: int = 20000
+    trigger_ratio: float = 0.72
+    min_new_messages: int = 8
+    min_compact_messages: int = 10
+    min_saving_tokens: int = 2000
+    recent_turns: int = 6
+    min_recent_ratio: float = 0.2
+    max_batch_messages: int = 200
+    max_rounds_per_request: int = 30
+    max_summary_chars: int = 6000
+    max_item_chars: int = 4000
+    failure_threshold: int = 3
+    cooldown_s: float = 300.0
+    scene: str = "session_compact"
+    summary_role: Literal["system", "user"] = "system"
+
+
+@dataclass(frozen=True)
+class LoopCompaction:
+    """Loop working memory inside one turn's tool loop (seed 000 §7)."""
+
+    enabled: bool = True
+    loop_trigger_tool_rounds: int = 5
+    loop_trigger_tokens: int = 96000
+    loop_recent_tool_rounds: int = 5
+    ttl_s: float = 86400.0
+    scene: str = "loop_compact"
+
+
+@dataclass(frozen=True)
+class TrimCompaction:
+    """Model-free trimming of old, large tool results (seed 002 micro_compact)."""
+
+    enabled: bool = True
+    trim_trigger_ratio: float = 0.5
+    trim_keep_recent: int = 3
+    trim_min_chars: int = 2000
+    trim_exclude_tools: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Compaction:
+    session: SessionCompaction = field(default_factory=SessionCompaction)
+    loop: LoopCompaction = field(default_factory=LoopCompaction)
+    trim: TrimCompaction = field(default_factory=TrimCompaction)
+
+
+@dataclass(frozen=True)
+class Summarizer:
+    # None: summarizer calls go to the tenant's own upstream.
+    upstream: Upstream | None = None
+    timeout_s: float = 120.0
+    max_concurrency: int = 4
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    api_keys: tuple[str, ...] = ()
+    upstream: Upstream = field(default_factory=Upstream)
+    compaction: Compaction = field(default_factory=Compaction)
+    summarizer: Summarizer = field(default_factory=Summarizer)
+    # Scene name -> file path, overriding the shared scenes directory per tenant.
+    scenes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_open(self) -> bool:
+        return not self.api_keys
+
+
+@dataclass(frozen=True)
+class Model:
+    context_window: int = 96000
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: Listen = field(default_factory=Listen)
+    store: str = "sqlite:///./data/recap.db"
+    conversation_header: str = "X-Conversation-Id"
+    max_body_bytes: int = 32 * 1024 * 1024
+    scenes_dir: str = "scenes"
+    tenants: Mapping[str, Tenant] = field(default_factory=lambda: {"default": Tenant("default")})
+    models: Mapping[str, Model] = field(default_factory=dict)
+    default_context_window: int = 96000
+    # Directory the config file was read from; relative paths resolve against it.
+    base_dir: str = "."
+
+    def context_window(self, model: str | None) -> int:
+        if model and model in self.models:
+            return self.models[model].context_window
+        return self.default_context_window
+
+    def resolve_path(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value: str, env: Mapping[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        found = env.get(name, "")
+        return found if found else (default or "")
+
+    return _ENV.sub(sub, value)
+
+
+def _build(cls: type, data: Any, where: str, env: Mapping[str, str], extra: dict[str, Any]) -> Any:
+    """Build dataclass `cls` from a YAML mapping, rejecting unknown keys by dotted name."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs: dict[str, Any] = dict(extra)
+    for key, raw in data.items():
+        name = f"{where}.{key}" if where else str(key)
+        if key not in fields or key in extra or key == "base_dir":
+            raise ConfigError(f"unknown config key: {name}")
+        kwargs[key] = _convert(hints[key], raw, name, env)
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, raw: Any, where: str, env: Mapping[str, str]) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if raw is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, raw, where, env)
+    if isinstance(raw, str):
+        raw = _interpolate(raw, env)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, raw, where, env, {})  # type: ignore[arg-type]
+    if origin is Literal:
+        if raw not in args:
+            raise ConfigError(f"{where}: must be one of {', '.join(map(str, args))}, got {raw!r}")
+        return raw
+    if origin is tuple:
+        if not isinstance(raw, list):
+            raise ConfigError(f"{where}: expected a list")
+        return tuple(_convert(args[0], item, f"{where}[{i}]", env) for i, item in enumerate(raw))
+    if origin in (Mapping, dict) or tp is Mapping:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where}: expected a mapping")
+        return {str(k): _convert(args[1], v, f"{where}.{k}", env) for k, v in raw.items()}
+    if tp is bool:
+        if not isinstance(raw, bool):
+            raise ConfigError(f"{where}: expected true or false, got {raw!r}")
+        return raw
+    if tp in (int, float):
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+            raise ConfigError(f"{where}: expected a number, got {raw!r}")
+        try:
+            return tp(raw)
+        except ValueError:
+            raise ConfigError(f"{where}: expected a number, got {raw!r}") from None
+    if tp is str:
+        if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+            raise ConfigError(f"{where}: expected a string, got {raw!r}")
+        return str(raw)
+    raise ConfigError(f"{where}: unsupported value {raw!r}")  # pragma: no cover
+
+
+def _build_tenants(raw: Any, env: Mapping[str, str]) -> dict[str, Tenant]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError("tenants: expected a mapping with at least one tenant")
+    tenants = {str(n): _build(Tenant, t, f"tenants.{n}", env, {"name": str(n)}) for n, t in raw.items()}
+    seen: dict[str, str] = {}
+    for t in tenants.values():
+        for key in t.api_keys:
+            if key in seen:
+                raise ConfigError(f"tenants.{t.name}.api_keys: key also used by tenant {seen[key]}")
+            seen[key] = t.name
+    if sum(t.is_open for t in tenants.values()) > 1:
+        raise ConfigError("tenants: at most one tenant may be open (empty api_keys)")
+    return tenants
+
+
+def parse_config(data: Any, env: Mapping[str, str] | None = None, base_dir: str = ".") -> Config:
+    env = os.environ if env is None else env
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("config: expected a mapping at the top level")
+    data = dict(data)
+    tenants = _build_tenants(data.pop("tenants"), env) if "tenants" in data else None
+    extra: dict[str, Any] = {"base_dir": base_dir}
+    if tenants is not None:
+        extra["tenants"] = tenants
+    return typing.cast(Config, _build(Config, data, "", env, extra))
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config {p}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from None
+    return parse_config(data, env, base_dir=str(p.resolve().parent))

@@ -1,0 +1,98 @@
+"""Who is asking and which conversation this is: tenant by proxy key, conversation key.
+
+Runs right after parsing. Pure over headers and the parsed body, so it is tested
+without a server. A tenant is chosen by the proxy key in `Authorization: Bearer`;
+an open tenant (no api_keys) takes every request that presents no known key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from proxy.config import Config, Tenant
+from proxy.errors import BadRequest, Unauthorized
+from proxy.messages import PINNED_ROLES
+from proxy.store.base import ConversationRef
+
+MAX_KEY_CHARS = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SESSION_HEADER = re.compile(r"^x-[a-z0-9-]*session-id$")
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def resolve_tenant(config: Config, headers: Mapping[str, str]) -> Tenant:
+    """The tenant whose proxy key was presented, else the open tenant, else 401."""
+    token = bearer_token(headers)
+    if token is not None:
+        for tenant in config.tenants.values():
+            # compare_digest: do not leak key prefixes through timing.
+            if any(hmac.compare_digest(token.encode(), k.encode()) for k in tenant.api_keys):
+                return tenant
+    for tenant in config.tenants.values():
+        if tenant.is_open:
+            return tenant
+    raise Unauthorized("Invalid proxy API key." if token else "Missing proxy API key.")
+
+
+def _check_sent_key(key: str, source: str) -> str:
+    if len(key) > MAX_KEY_CHARS:
+        raise BadRequest(f"conversation key from {source} is over {MAX_KEY_CHARS} characters")
+    if _CONTROL.search(key):
+        raise BadRequest(f"conversation key from {source} contains control characters")
+    return key
+
+
+def _sent_key(config: Config, headers: Mapping[str, str], body: Any) -> str | None:
+    configured = config.conversation_header.lower()
+    for name in (configured, "x-session-id"):
+        if name in headers and headers[name] != "":
+            return _check_sent_key(headers[name], name)
+    for name in sorted(headers):
+        if _SESSION_HEADER.match(name) and headers[name] != "":
+            return _check_sent_key(headers[name], name)
+    if isinstance(body, Mapping):
+        metadata = body.get("metadata")
+        if isinstance(metadata, Mapping):
+            value = metadata.get("conversation_id")
+            if isinstance(value, str) and value:
+                return _check_sent_key(value, "metadata.conversation_id")
+    return None
+
+
+def _derived_key(messages: Sequence[Any]) -> str:
+    """Stable for clients that send no key: the pinned prompt and the first user message."""
+    head: list[Any] = []
+    for m in messages:
+        if not isinstance(m, Mapping):
+            break
+        if m.get("role") in PINNED_ROLES:
+            head.append([m.get("role"), m.get("content")])
+            continue
+        if m.get("role") == "user":
+            head.append(["user", m.get("content")])
+        break
+    blob = json.dumps(head, sort_keys=True, ensure_ascii=False, default=str)
+    return "auto-" + hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def conversation_ref(
+    config: Config, tenant: Tenant, headers: Mapping[str, str], body: Any
+) -> ConversationRef:
+    """The conversation key, always namespaced by tenant (it is part of the ref)."""
+    key = _sent_key(config, headers, body)
+    if key is None:
+        messages = body.get("messages") if isinstance(body, Mapping) else None
+        key = _derived_key(messages if isinstance(messages, list) else [])
+    return ConversationRef(tenant=tenant.name, key=key)

@@ -1,0 +1,112 @@
+"""Every other `/v1/...` route: forwarded verbatim, both ways, streamed.
+
+Method, query, body (streamed, never buffered), and headers minus hop-by-hop
+ones go up; status, headers and body come back as raw bytes, so a compressed
+upstream body keeps its Content-Encoding and is never decoded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+
+from proxy.errors import PayloadTooLarge, RecapError
+from proxy.identity import resolve_tenant
+from proxy.logs import log_fields
+from proxy.relay import (
+    ClientDisconnected,
+    Receive,
+    Responder,
+    Scope,
+    Send,
+    content_length,
+    until_disconnect,
+)
+from proxy.state import AppState
+from proxy.upstream import request_headers, response_headers, translate, upstream_url
+
+
+class Passthrough:
+    """ASGI app; the app's long-lived state comes from lifespan state in the scope."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state: AppState = scope["state"]["recap"]
+        start = time.perf_counter()
+        fields = log_fields(scope)
+        responder = Responder(send, [])
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        limit = state.config.max_body_bytes
+        try:
+            tenant = resolve_tenant(state.config, headers)
+            fields["tenant"] = tenant.name
+            declared = content_length(scope)
+            if declared is not None and declared > limit:
+                raise PayloadTooLarge(f"Request body is over the proxy's limit of {limit} bytes.")
+            has_body = declared is not None or "transfer-encoding" in headers
+            body_done = asyncio.Event()
+            upstream = tenant.upstream
+            client = state.upstreams.client(upstream)
+            out_headers = request_headers(scope["headers"], upstream, keep_encoding=True)
+            if declared is not None:
+                out_headers.append(("content-length", str(declared)))
+            request = client.build_request(
+                scope["method"],
+                upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
+                headers=out_headers,
+                content=_body(receive, limit, body_done) if has_body else None,
+            )
+            if not has_body:
+                body_done.set()
+            fields["overhead_ms"] = round((time.perf_counter() - start) * 1000, 1)
+            await until_disconnect(receive, self._forward(client, request, responder), body_done)
+        except RecapError as err:
+            fields["error"] = err.code
+            await responder.error(err)
+        except ClientDisconnected:
+            fields["client_disconnected"] = True
+
+    async def _forward(self, client: httpx.AsyncClient, request: httpx.Request, responder: Responder) -> None:
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            err = translate(exc)
+            if err is None:
+                raise
+            await responder.error(err)
+            return
+        try:
+            await responder.start(response.status_code, response_headers(response.headers, decoded=False))
+            try:
+                async for chunk in response.aiter_raw():
+                    await responder.chunk(chunk)
+            except httpx.HTTPError as exc:
+                err = translate(exc)
+                if err is None:
+                    raise
+                await responder.error(err)
+                return
+            await responder.end()
+        finally:
+            await response.aclose()
+
+
+async def _body(receive: Receive, limit: int, done: asyncio.Event) -> AsyncIterator[bytes]:
+    size = 0
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"Request body is over the proxy's limit of {limit} bytes.")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+    finally:
+        done.set()

@@ -1,0 +1,103 @@
+"""The request pipeline: an ordered list of small named stages over one Exchange.
+
+    parse -> resolve tenant and conversation -> classify      (chat.py, before the pipeline)
+          -> stages, in order (this module runs them)           e.g. archive, trim, session, loop, ...
+          -> forward and stream back                            (chat.py, after the pipeline)
+
+A stage reads and rewrites `exchange.messages` (the outgoing view) and records
+what it did. Compaction is an optimisation: a stage that raises is logged and
+its changes are dropped, and the request goes on with the messages it had before
+that stage. The app builds the list once (`app.build_stages`); the README names it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from proxy.config import Tenant
+from proxy.messages import Classification, Message
+from proxy.store.base import ConversationRef
+
+log = logging.getLogger("recap.pipeline")
+
+Control = Literal["off", "auto", "force"]
+
+
+async def _no_notify(_: str) -> None:
+    return None
+
+
+@dataclass
+class Exchange:
+    """One chat request on its way through the proxy."""
+
+    request_id: str
+    tenant: Tenant
+    conversation: ConversationRef
+    headers: Mapping[str, str]
+    body: dict[str, Any]
+    classification: Classification
+    context_window: int
+    control: Control = "auto"
+    messages: list[Message] = field(default_factory=list)
+    # Keep-alive / progress notes for the client (SSE comments when streaming).
+    notify: Callable[[str], Awaitable[None]] = _no_notify
+    # Fields for the request's log line, and extra response headers.
+    log_fields: dict[str, Any] = field(default_factory=dict)
+    response_headers: dict[str, str] = field(default_factory=dict)
+    # Layers that changed the outgoing view, in order ("session", "loop", "trim", ...).
+    layers: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            self.messages = list(self.body.get("messages") or [])
+        self.original: list[Message] = self.messages
+
+    @property
+    def model(self) -> str | None:
+        model = self.body.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def stream(self) -> bool:
+        return self.body.get("stream") is True
+
+    @property
+    def changed(self) -> bool:
+        return self.messages is not self.original
+
+
+class Stage(Protocol):
+    name: str
+
+    async def __call__(self, exchange: Exchange) -> None: ...
+
+
+class Pipeline:
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        self.stages = tuple(stages)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    async def run(self, exchange: Exchange) -> None:
+        for stage in self.stages:
+            before = exchange.messages
+            try:
+                await stage(exchange)
+            except Exception as exc:  # any stage failure: keep going with what we had (see docstring)
+                exchange.messages = before
+                exchange.log_fields.setdefault("stage_errors", []).append(
+                    f"{stage.name}:{type(exc).__name__}"
+                )
+                log.warning(
+                    "stage %s failed, request continues without it: %s: %s",
+                    stage.name,
+                    type(exc).__name__,
+                    exc,
+                    extra={"request_id": exchange.request_id},
+                )

@@ -1,0 +1,147 @@
+"""Talking to the client at the ASGI level: body in, response (often a stream) out.
+
+Pure ASGI rather than Starlette responses, because the proxy needs three things
+those hide: starting an SSE response before the upstream answers (keep-alive
+comments during compaction), forwarding each upstream chunk as it arrives, and
+noticing a client disconnect so the upstream call is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from proxy.errors import PayloadTooLarge, RecapError, error_json, sse_error_event
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+T = TypeVar("T")
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class ClientDisconnected(Exception):
+    """The client went away; whatever it was waiting for is cancelled."""
+
+
+def content_length(scope: Scope) -> int | None:
+    for k, v in scope.get("headers", []):
+        if k == b"content-length":
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(f"Request body is over the proxy's limit of {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body is over the proxy's limit of {limit} bytes.")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def until_disconnect(
+    receive: Receive, work: Coroutine[Any, Any, T], body_read: asyncio.Event | None = None
+) -> T:
+    """Run `work`; if the client disconnects first, cancel it and raise ClientDisconnected.
+
+    Listening starts once the request body has been read (now, or when `body_read`
+    is set by a body that is being streamed): from then on the only thing
+    `receive` can return is the disconnect.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        if body_read is not None:
+            await body_read.wait()
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task.done():
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):  # noqa: S110 - the work is abandoned on purpose
+        pass
+    raise ClientDisconnected()
+
+
+class Responder:
+    """Sends one response, possibly starting it early as an SSE stream.
+
+    `started` tells whether the status line is out: after that, errors can only
+    be reported in-band (a final `data: {"error": ...}` event).
+    """
+
+    def __init__(self, send: Send, base_headers: list[tuple[bytes, bytes]]) -> None:
+        self._send = send
+        self._base = base_headers
+        self.started = False
+        self.status = 0
+        self.sse = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self.status = status
+        await self._send(
+            {"type": "http.response.start", "status": status, "headers": headers + self._base}
+        )
+
+    async def start_sse(self, extra: list[tuple[bytes, bytes]]) -> None:
+        self.sse = True
+        await self.start(200, SSE_HEADERS + extra)
+
+    async def chunk(self, data: bytes) -> None:
+        if data:
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self, data: bytes = b"") -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def comment(self, text: str) -> None:
+        """An SSE comment line: ignored by SSE parsers, keeps the connection alive."""
+        await self.chunk(f": {text}\n\n".encode())
+
+    async def error(self, err: RecapError, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        if self.started:
+            if self.sse:
+                await self.chunk(sse_error_event(err))
+            await self.end()
+            return
+        headers = [(b"content-type", b"application/json")] + (extra or [])
+        await self.start(err.status, headers)
+        await self.end(error_json(err))
+
+    async def json(self, status: int, body: Any) -> None:
+        await self.start(status, [(b"content-type", b"application/json")])
+        await self.end(json.dumps(body).encode())

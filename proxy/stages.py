@@ -1,0 +1,23 @@
+"""The built-in stages that need no store or model: token estimation.
+
+Compaction stages live in proxy/compaction/stages.py; both are assembled into one
+list by `app.build_stages`.
+"""
+
+from __future__ import annotations
+
+from proxy.pipeline import Exchange
+from proxy.tokens import TokenCounter
+
+
+class EstimateTokens:
+    """Estimate the outgoing input tokens (logged, and used by later figures)."""
+
+    name = "estimate_tokens"
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+
+    async def __call__(self, exchange: Exchange) -> None:
+        tokens = self.counter.count_messages(exchange.messages, exchange.model)
+        exchange.log_fields["input_tokens"] = tokens

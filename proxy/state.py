@@ -1,0 +1,20 @@
+"""What lives for the life of the app: built in `create_app`'s lifespan, never global."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.config import Config
+from proxy.pipeline import Pipeline
+from proxy.store.base import Store
+from proxy.tokens import TokenCounter
+from proxy.upstream import UpstreamPool
+
+
+@dataclass
+class AppState:
+    config: Config
+    upstreams: UpstreamPool
+    counter: TokenCounter
+    store: Store
+    pipeline: Pipeline

@@ -1,0 +1,137 @@
+"""Forwarding to the upstream API: clients, headers, and the one httpx boundary.
+
+IO edge of the data path. Every httpx exception that can escape a model call is
+translated to a RecapError here (`translate`), so the rest of the proxy never
+imports httpx's exception tree. Timeouts are explicit: httpx's 5 s defaults
+would kill long model calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import httpx
+
+from proxy.config import Upstream
+from proxy.errors import RecapError, UpstreamTimeout, UpstreamUnreachable
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the transport recomputes.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# Headers only the proxy reads; the upstream never sees them.
+RECAP_REQUEST_HEADERS = frozenset({"x-recap-compaction"})
+
+
+class UpstreamPool:
+    """One pooled httpx client per distinct upstream config, built at start-up."""
+
+    def __init__(self, upstreams: Iterable[Upstream]) -> None:
+        self._clients: dict[Upstream, httpx.AsyncClient] = {}
+        for u in upstreams:
+            if u not in self._clients:
+                self._clients[u] = _make_client(u)
+
+    def client(self, upstream: Upstream) -> httpx.AsyncClient:
+        client = self._clients.get(upstream)
+        if client is None:  # an upstream not known at start-up (e.g. a summarizer override)
+            client = self._clients[upstream] = _make_client(upstream)
+        return client
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+
+
+def _make_client(u: Upstream, read_timeout: float | None = None) -> httpx.AsyncClient:
+    read = u.timeout_s if read_timeout is None else read_timeout
+    timeout = httpx.Timeout(connect=u.connect_timeout_s, read=read, write=read, pool=u.connect_timeout_s)
+    limits = httpx.Limits(
+        max_connections=u.max_connections,
+        max_keepalive_connections=u.max_connections,
+        keepalive_expiry=30,
+    )
+    # trust_env=False: a proxy must not pick up HTTP(S)_PROXY meant for its host's tools.
+    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, follow_redirects=False)
+
+
+def upstream_url(upstream: Upstream, path: str, query: bytes) -> str:
+    """`/v1/chat/completions` on the proxy -> `{base_url}/chat/completions` upstream."""
+    suffix = path[3:] if path.startswith("/v1/") else path
+    url = upstream.base_url.rstrip("/") + suffix
+    return url + "?" + query.decode("latin-1") if query else url
+
+
+def request_headers(
+    raw: Iterable[tuple[bytes, bytes]], upstream: Upstream, *, keep_encoding: bool
+) -> list[tuple[str, str]]:
+    """Client headers minus hop-by-hop ones; the tenant's upstream key replaces the client's.
+
+    keep_encoding=False drops Accept-Encoding so httpx negotiates and decodes the
+    body itself (used where the proxy must read the answer).
+    """
+    out: list[tuple[str, str]] = []
+    for k, v in raw:
+        name = k.decode("latin-1").lower()
+        if name in HOP_BY_HOP or name in RECAP_REQUEST_HEADERS:
+            continue
+        if name == "authorization" and upstream.api_key:
+            continue
+        if name == "accept-encoding" and not keep_encoding:
+            continue
+        out.append((name, v.decode("latin-1")))
+    if upstream.api_key:
+        out.append(("authorization", f"Bearer {upstream.api_key}"))
+    return out
+
+
+def response_headers(
+    headers: httpx.Headers, *, decoded: bool, extra: Mapping[str, str] | None = None
+) -> list[tuple[bytes, bytes]]:
+    """Upstream response headers for the client.
+
+    When the body is re-emitted decoded, Content-Encoding and Content-Length no
+    longer describe it and are dropped (no stale headers, no double decoding).
+    """
+    out: list[tuple[bytes, bytes]] = []
+    recoded = decoded and "content-encoding" in headers
+    for k, v in headers.multi_items():
+        name = k.lower()
+        if name in HOP_BY_HOP and name != "content-length":
+            continue
+        if recoded and name in ("content-encoding", "content-length"):
+            continue
+        out.append((name.encode("latin-1"), v.encode("latin-1")))
+    for k, v in (extra or {}).items():
+        out.append((k.encode("latin-1"), v.encode("latin-1")))
+    return out
+
+
+def translate(exc: Exception) -> RecapError | None:
+    """Map a foreign (httpx) exception to the proxy's own error; None if not ours to map."""
+    if isinstance(exc, httpx.TimeoutException):
+        kind = {
+            httpx.ConnectTimeout: "connecting to",
+            httpx.ReadTimeout: "reading from",
+            httpx.WriteTimeout: "writing to",
+            httpx.PoolTimeout: "waiting for a connection to",
+        }.get(type(exc), "talking to")
+        return UpstreamTimeout(f"Timed out {kind} the upstream API.")
+    if isinstance(exc, httpx.ConnectError):
+        return UpstreamUnreachable("Could not connect to the upstream API.")
+    if isinstance(exc, httpx.TransportError):
+        return UpstreamUnreachable(f"The upstream connection failed: {type(exc).__name__}.")
+    return None

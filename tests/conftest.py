@@ -1,0 +1,108 @@
+"""Shared fixtures: a fake upstream and a Recap proxy, each on a real uvicorn on loopback."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import create_app
+from proxy.config import Config, parse_config
+from proxy.logs import JsonFormatter
+from tests.fakes import FakeUpstream
+from tests.servers import serve
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO.parent / "shared" / "data" / "taubench-airline-dev.jsonl"
+
+
+def load_sessions() -> list[dict[str, Any]]:
+    with DATA.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def taubench() -> list[dict[str, Any]]:
+    if not DATA.exists():
+        pytest.skip(f"trajectory data not found at {DATA}")
+    return load_sessions()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeUpstream]:
+    yield FakeUpstream()
+
+
+@pytest.fixture
+def upstream_url(fake: FakeUpstream) -> Iterator[str]:
+    with serve(fake.app) as url:
+        yield url
+
+
+class LogCapture:
+    """The proxy's log lines as parsed JSON records (what operators would read)."""
+
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+        self.handler = logging.StreamHandler(self.stream)
+        self.handler.setFormatter(JsonFormatter())
+
+    @property
+    def text(self) -> str:
+        return self.stream.getvalue()
+
+    def records(self, logger: str | None = None) -> list[dict[str, Any]]:
+        out = [json.loads(line) for line in self.text.splitlines() if line.strip()]
+        return [r for r in out if logger is None or r.get("logger") == logger]
+
+    def access(self) -> list[dict[str, Any]]:
+        return self.records("recap.access")
+
+
+@pytest.fixture
+def logs() -> Iterator[LogCapture]:
+    cap = LogCapture()
+    root = logging.getLogger("recap")
+    old_level = root.level
+    root.addHandler(cap.handler)
+    root.setLevel(logging.INFO)
+    yield cap
+    root.removeHandler(cap.handler)
+    root.setLevel(old_level)
+
+
+def make_config(upstream_url: str, tmp_path: Path, **overrides: Any) -> Config:
+    data: dict[str, Any] = {
+        "store": f"sqlite:///{tmp_path / 'recap.db'}",
+        "scenes_dir": str(REPO / "scenes"),
+        "tenants": {
+            "default": {"api_keys": [], "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30}}
+        },
+    }
+    for key, value in overrides.items():
+        data[key] = value
+    return parse_config(data, env={}, base_dir=str(tmp_path))
+
+
+@pytest.fixture
+def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start a proxy with config overrides; returns its base URL (ending in /v1)."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+
+        def start(config: Config | None = None, **overrides: Any) -> str:
+            cfg = config or make_config(upstream_url, tmp_path, **overrides)
+            return stack.enter_context(serve(create_app(cfg))) + "/v1"
+
+        yield start
+
+
+@pytest.fixture
+def proxy_url(proxy_factory: Callable[..., str]) -> str:
+    return proxy_factory()

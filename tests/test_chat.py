@@ -1,0 +1,152 @@
+"""POST /v1/chat/completions through real servers, with the official openai SDK as client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.fakes import FakeUpstream, Reply
+
+MESSAGES: list[Any] = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Say hello."},
+]
+TOOL_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})},
+}
+
+
+def client(proxy_url: str, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy_url, api_key="sk-client", max_retries=0, **kw)
+
+
+def test_non_stream_body_and_headers_pass_through(proxy_url: str, fake: FakeUpstream) -> None:
+    raw = client(proxy_url).chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=MESSAGES, temperature=0.3, extra_body={"vendor_field": {"x": 1}}
+    )
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "Hello from the fake upstream."
+    assert raw.headers["x-recap-request-id"]
+    assert float(raw.headers["x-recap-overhead-ms"]) >= 0
+    (sent,) = fake.chat_requests()
+    # Untouched by the proxy: the very bytes the SDK sent, every field included.
+    assert sent.json["vendor_field"] == {"x": 1}
+    assert sent.json["temperature"] == 0.3
+    assert sent.json["messages"] == MESSAGES
+    assert sent.headers["authorization"] == "Bearer sk-client"
+
+
+def test_stream_with_tool_calls_and_usage(proxy_url: str, fake: FakeUpstream) -> None:
+    fake.script([Reply(content=None, tool_calls=[TOOL_CALL], finish_reason="tool_calls")])
+    stream = client(proxy_url).chat.completions.create(
+        model="gpt-4o", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    )
+    args = ""
+    name = None
+    usage = None
+    finish = None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for call in choice.delta.tool_calls or []:
+                name = name or (call.function.name if call.function else None)
+                args += (call.function.arguments or "") if call.function else ""
+    assert name == "get_weather"
+    assert json.loads(args) == {"city": "Paris", "unit": "celsius"}
+    assert finish == "tool_calls"
+    assert usage is not None and usage.total_tokens == 15
+
+
+async def test_async_client_stream_and_non_stream(proxy_url: str) -> None:
+    aclient = openai.AsyncOpenAI(base_url=proxy_url, api_key="sk-client", max_retries=0)
+    completion = await aclient.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert completion.choices[0].message.content == "Hello from the fake upstream."
+    stream = await aclient.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text.strip() == "Hello from the fake upstream."
+    await aclient.close()
+
+
+def test_first_event_arrives_before_upstream_finishes(proxy_url: str, fake: FakeUpstream) -> None:
+    fake.script([Reply(content="one two three four five six", chunk_delay_s=0.4)])
+    body = {"model": "gpt-4o", "messages": MESSAGES, "stream": True}
+    start = time.monotonic()
+    with httpx.stream("POST", f"{proxy_url}/chat/completions", json=body, timeout=30) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-accel-buffering"] == "no"
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data:"))
+        first_at = time.monotonic() - start
+        rest = [line for line in lines if line.startswith("data:")]
+    total = time.monotonic() - start
+    assert json.loads(first[5:])["choices"][0]["delta"]["role"] == "assistant"
+    # The upstream needs >= 7 x 0.4 s for the whole stream; the first event must not wait for it.
+    assert total >= 2.5
+    assert first_at < total - 2.0
+    assert rest[-1] == "data: [DONE]"
+
+
+def test_client_disconnect_cancels_upstream(proxy_url: str, fake: FakeUpstream) -> None:
+    fake.script([Reply(content=" ".join(["word"] * 200), chunk_delay_s=0.05)])
+    body = {"model": "gpt-4o", "messages": MESSAGES, "stream": True}
+    with httpx.stream("POST", f"{proxy_url}/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        assert fake.streams_open == 1
+    # The client is gone after 1 of ~200 events: the upstream stream must be abandoned quickly.
+    deadline = time.monotonic() + 5
+    while fake.streams_open and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fake.streams_open == 0
+    assert fake.streams_aborted == 1
+
+
+def test_unparseable_body_forwarded_unchanged(proxy_url: str, fake: FakeUpstream, logs: Any) -> None:
+    raw = b'{"model": "gpt-4o", "messages": "not a list", "odd": true}'
+    r = httpx.post(f"{proxy_url}/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    (sent,) = fake.chat_requests()
+    assert sent.body == raw
+    (line,) = logs.access()
+    assert line["passthrough_reason"] == "messages missing or not a list"
+
+
+def test_concurrent_streams_do_not_block_each_other(proxy_url: str, fake: FakeUpstream) -> None:
+    fake.script([Reply(content="a b c d e", chunk_delay_s=0.2)])
+    results: list[float] = []
+
+    def one() -> None:
+        start = time.monotonic()
+        stream = client(proxy_url).chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+        "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        results.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8
+    # Each stream takes ~1.4 s upstream; 8 in series would take > 10 s.
+    assert max(results) < 8
+
+
+@pytest.mark.parametrize("gzip_reply", [True, False])
+def test_compressed_upstream_json_is_decoded_once(proxy_url: str, fake: FakeUpstream, gzip_reply: bool) -> None:
+    fake.script([Reply(content="compressed answer", gzip=gzip_reply)])
+    r = httpx.post(f"{proxy_url}/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert r.status_code == 200
+    assert "content-encoding" not in r.headers
+    assert r.json()["choices"][0]["message"]["content"] == "compressed answer"
+    assert r.headers.get("content-length", str(len(r.content))) == str(len(r.content))
+    assert r.headers.get_list("date") == r.headers.get_list("date")[:1]
