@@ -1,0 +1,231 @@
+"""Scenes: the shipped files, validation by name, and the tiny template engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from proxy.compaction.transcript import render_transcript
+from proxy.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
+
+SCENES_DIR = Path(__file__).resolve().parent.parent / "scenes"
+DATA = Path("/work/shared/data/taubench-airline-dev.jsonl")
+
+SESSION_SECTIONS = [
+    "User Goal",
+    "Confirmed Facts",
+    "Decisions Made",
+    "Open Issues",
+    "Pending Actions",
+    "Important References",
+]
+
+
+def write_scene(tmp_path: Path, body: str, name: str = "scene.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+MINIMAL = """\
+name: tiny
+system: You summarise.
+user: "{{transcript}}"
+"""
+
+
+# --- the shipped scenes -----------------------------------------------------
+
+
+def test_shipped_scenes_load_with_documented_defaults() -> None:
+    scenes = SceneSet(SCENES_DIR)
+    for kind in KINDS:
+        scene = scenes.get(kind)
+        assert scene.kind == kind
+        assert scene.model is None
+        assert scene.temperature == 0.2
+        assert scene.top_p == 1.0
+        assert scene.max_tokens == 2048
+        assert scene.description
+
+
+def test_session_scene_asks_for_the_six_sections_in_order() -> None:
+    system, _ = render(SceneSet(SCENES_DIR).get("session_compact"), transcript="User: hi")
+    block = system[system.index("<summary>\n") : system.rindex("</summary>")]
+    positions = [block.index(f"## {s}") for s in SESSION_SECTIONS]
+    assert positions == sorted(positions)
+    for phrase in ("verbatim", "existing summary", "pending", "next step"):
+        assert phrase in system
+
+
+def test_session_scene_renders_a_real_transcript_verbatim() -> None:
+    session = json.loads(DATA.read_text(encoding="utf-8").splitlines()[0])
+    transcript = render_transcript(session["messages"][1:], 500)
+    system, user = render(
+        SceneSet(SCENES_DIR).get("session_compact"),
+        transcript=transcript,
+        existing_summary="## User Goal\nBook JFK -> SEA on 2024-05-20 for mia_li_3668.",
+        current_message="Thank you so much for your help! ###STOP###",
+        max_summary_chars=6000,
+        language="English",
+    )
+    assert transcript in user
+    assert "Book JFK -> SEA on 2024-05-20 for mia_li_3668." in user
+    assert "<current_message>\nThank you so much for your help! ###STOP###\n" in user
+    assert "no existing summary" not in user
+    assert "within 6000 characters" in system
+    assert "Write the summary in English" in system
+
+
+def test_optional_blocks_vanish_without_leaving_blank_runs() -> None:
+    system, user = render(SceneSet(SCENES_DIR).get("session_compact"), transcript="User: 你好")
+    assert "There is no existing summary" in user
+    assert "<existing_summary>" not in user
+    assert "<current_message>" not in user
+    assert "Keep the whole summary within" not in system
+    assert "in the language of the conversation" in system
+    assert "{{" not in system + user
+    assert "\n\n\n" not in system + user
+
+
+def test_loop_scene_carries_goal_and_earlier_summary() -> None:
+    system, user = render(
+        SceneSet(SCENES_DIR).get("loop_compact"),
+        transcript="Assistant called tool get_user_details({})",
+        goal="帮我把航班改到 5 月 21 日",
+        existing_summary="已查询用户 mia_li_3668",
+        language="Chinese",
+    )
+    assert user.index("<goal>") < user.index("<existing_summary>") < user.index("<tool_history>")
+    assert "帮我把航班改到 5 月 21 日" in user
+    assert "Write the summary in Chinese" in system
+    for section in ("Current Goal", "Errors and Handling", "Next Step"):
+        assert f"## {section}" in system
+
+
+# --- rendering ---------------------------------------------------------------
+
+
+def test_values_are_not_expanded_again(tmp_path: Path) -> None:
+    scene = load_scene(
+        write_scene(tmp_path, MINIMAL.replace('"{{transcript}}"', '"{{transcript}}|{{language}}"')),
+        "session_compact",
+    )
+    hostile = "{{language}} {{#language}}x{{/language}} {{"
+    _, user = render(scene, transcript=hostile, language="Chinese")
+    assert user == f"{hostile}|Chinese"
+
+
+def test_sections_inverted_sections_and_nesting(tmp_path: Path) -> None:
+    body = """\
+name: t
+system: s
+user: |
+  start
+  {{#existing_summary}}
+  old={{existing_summary}}{{#language}} ({{language}}){{/language}}
+  {{/existing_summary}}
+  {{^existing_summary}}
+  none
+  {{/existing_summary}}
+  t={{transcript}} n={{max_summary_chars}}
+"""
+    scene = load_scene(write_scene(tmp_path, body), "session_compact")
+    _, user = render(
+        scene, transcript="T", existing_summary="S", language="zh", max_summary_chars=42
+    )
+    assert user == "start\nold=S (zh)\nt=T n=42"
+    _, user = render(scene, transcript="T", existing_summary="  \n", language="zh")
+    assert user == "start\nnone\nt=T n="
+
+
+def test_render_rejects_unknown_and_missing_values() -> None:
+    scene = SceneSet(SCENES_DIR).get("loop_compact")
+    with pytest.raises(SceneError, match="current_message"):
+        render(scene, transcript="x", current_message="not a loop variable")
+    with pytest.raises(SceneError, match="transcript"):
+        render(scene, goal="g")
+
+
+# --- validation, each error naming file and key --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (MINIMAL + "temprature: 0.3\n", "unknown scene key: temprature"),
+        ("name: t\nsystem: s\n", "missing scene key: user"),
+        ("system: s\nuser: '{{transcript}}'\n", "missing scene key: name"),
+        (MINIMAL.replace("{{transcript}}", "{{transcript}} {{topic}}"), "unknown variable topic"),
+        (MINIMAL.replace("{{transcript}}", "{{existing_summary}}"), "required variable transcript"),
+        (MINIMAL.replace("{{transcript}}", "{{transcript}} {{goal}}"), "unknown variable goal"),
+        (MINIMAL.replace("{{transcript}}", "{{#language}}{{transcript}}"), "never closed"),
+        (MINIMAL.replace("{{transcript}}", "{{transcript}}{{/language}}"), "closes no open"),
+        (MINIMAL.replace("{{transcript}}", "{{transcript}} {{ bad-name }}"), "malformed"),
+        (MINIMAL + "temperature: hot\n", "temperature: expected a number"),
+        (MINIMAL + "temperature: true\n", "temperature: expected a number"),
+        (MINIMAL + "temperature: 3\n", "temperature: must be between"),
+        (MINIMAL + "top_p: 1.5\n", "top_p: must be between"),
+        (MINIMAL + "max_tokens: 10.5\n", "max_tokens: expected an integer"),
+        (MINIMAL + "max_tokens: 0\n", "max_tokens: must be between"),
+        (MINIMAL + "model: 7\n", "model: expected a model name"),
+        (MINIMAL.replace("system: You summarise.", "system: ''"), "system: must not be empty"),
+        ("- a list\n", "expected a mapping"),
+        ("name: [unclosed\n", "invalid YAML"),
+    ],
+)
+def test_invalid_scene_is_rejected_by_name(tmp_path: Path, body: str, needle: str) -> None:
+    path = write_scene(tmp_path, body)
+    with pytest.raises(SceneError) as err:
+        load_scene(path, "session_compact")
+    assert needle in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_kind_decides_which_variables_are_allowed(tmp_path: Path) -> None:
+    path = write_scene(tmp_path, MINIMAL.replace("{{transcript}}", "{{transcript}} {{goal}}"))
+    assert load_scene(path, "loop_compact").kind == "loop_compact"
+    with pytest.raises(SceneError, match="unknown variable goal for a session_compact scene"):
+        load_scene(path, "session_compact")
+
+
+def test_missing_file_and_unknown_kind(tmp_path: Path) -> None:
+    with pytest.raises(SceneError, match="cannot read scene"):
+        load_scene(tmp_path / "nope.yaml", "session_compact")
+    with pytest.raises(SceneError, match="unknown scene kind 'summarize'"):
+        load_scene(write_scene(tmp_path, MINIMAL), "summarize")
+
+
+# --- the set ------------------------------------------------------------------
+
+
+def test_override_replaces_one_kind_and_is_validated_as_it(tmp_path: Path) -> None:
+    custom = write_scene(tmp_path, MINIMAL.replace("tiny", "terse"), "mine.yaml")
+    scenes = SceneSet(SCENES_DIR, {"session_compact": str(custom)})
+    assert scenes.get("session_compact").name == "terse"
+    assert scenes.get("loop_compact").name == "loop_compact"
+
+    wrong = write_scene(
+        tmp_path, MINIMAL.replace("{{transcript}}", "{{transcript}}{{goal}}"), "w.yaml"
+    )
+    with pytest.raises(SceneError, match=r"w\.yaml.*goal"):
+        SceneSet(SCENES_DIR, {"session_compact": str(wrong)})
+
+
+def test_set_fails_fast_on_unknown_names_and_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(SceneError, match="unknown scene session_compakt"):
+        SceneSet(SCENES_DIR, {"session_compakt": str(SCENES_DIR / "session_compact.yaml")})
+    write_scene(tmp_path, MINIMAL, "session_compact.yaml")
+    with pytest.raises(SceneError, match=r"cannot read scene .*loop_compact\.yaml"):
+        SceneSet(tmp_path)
+    with pytest.raises(SceneError, match="unknown scene 'other'"):
+        SceneSet(SCENES_DIR).get("other")
+
+
+def test_scene_is_frozen() -> None:
+    scene = SceneSet(SCENES_DIR).get("session_compact")
+    assert isinstance(scene, Scene)
+    with pytest.raises(AttributeError):
+        scene.temperature = 1.0  # type: ignore[misc]
