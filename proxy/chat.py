@@ -66,7 +66,9 @@ def encode_body(body: dict[str, Any], messages: list[Any]) -> bytes:
     """Deterministic serialisation: the same messages give the same bytes (prompt caches)."""
     out = dict(body)
     out["messages"] = messages
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode(
+        "utf-8", "surrogatepass"
+    )
 
 
 class ChatCompletions:
@@ -87,7 +89,11 @@ class ChatCompletions:
             exchange: Exchange | None = None
             if body is None:
                 fields["passthrough_reason"] = why
-                log.info("chat body forwarded unchanged: %s", why, extra={"request_id": fields["request_id"]})
+                log.info(
+                    "chat body forwarded unchanged: %s",
+                    why,
+                    extra={"request_id": fields["request_id"]},
+                )
             else:
                 conv = conversation_ref(config, tenant, headers, body)
                 exchange = Exchange(
@@ -97,7 +103,9 @@ class ChatCompletions:
                     headers=headers,
                     body=body,
                     classification=classify(body["messages"]),
-                    context_window=config.context_window(body.get("model") if isinstance(body.get("model"), str) else None),
+                    context_window=config.context_window(
+                        body.get("model") if isinstance(body.get("model"), str) else None
+                    ),
                     control=control_of(headers),
                     log_fields=fields,
                 )
@@ -161,13 +169,17 @@ class ChatCompletions:
         finally:
             await response.aclose()
 
-    async def _relay(self, response: httpx.Response, responder: Responder, extra: dict[str, str]) -> None:
+    async def _relay(
+        self, response: httpx.Response, responder: Responder, extra: dict[str, str]
+    ) -> None:
         if responder.started:
             # The SSE stream is already open (compaction progress was sent): an
             # upstream error can only be reported in-band.
             if response.status_code >= 400:
                 body = await _bounded_read(response)
-                await responder.chunk(b"data: " + _as_error_event(body, response.status_code) + b"\n\n")
+                await responder.chunk(
+                    b"data: " + _as_error_event(body, response.status_code) + b"\n\n"
+                )
                 await responder.end()
                 return
         else:
@@ -192,7 +204,9 @@ class ChatCompletions:
     ) -> Callable[[str], Awaitable[None]]:
         async def notify(text: str) -> None:
             if not responder.started:
-                await responder.start_sse([(k.encode(), v.encode()) for k, v in exchange.response_headers.items()])
+                await responder.start_sse(
+                    [(k.encode(), v.encode()) for k, v in exchange.response_headers.items()]
+                )
             await responder.comment(text)
 
         return notify
@@ -217,5 +231,12 @@ def _as_error_event(body: bytes, status: int) -> bytes:
         pass
     text = body[:2000].decode("utf-8", "replace")
     return json.dumps(
-        {"error": {"message": text or f"upstream status {status}", "type": "upstream_error", "param": None, "code": status}}
+        {
+            "error": {
+                "message": text or f"upstream status {status}",
+                "type": "upstream_error",
+                "param": None,
+                "code": status,
+            }
+        }
     ).encode()

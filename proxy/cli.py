@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     tail_p = sub.add_parser("tail", help="print a Recap log (file or stdin) readably")
     tail_p.add_argument("file", nargs="?", help="log file (default: stdin)")
     tail_p.add_argument("--conversation", help="only this conversation key")
-    tail_p.add_argument("-f", "--follow", action="store_true", help="keep reading as the file grows")
+    tail_p.add_argument(
+        "-f", "--follow", action="store_true", help="keep reading as the file grows"
+    )
     tail_p.set_defaults(func=cmd_tail)
     return parser
 

@@ -219,7 +219,9 @@ def _convert(tp: Any, raw: Any, where: str, env: Mapping[str, str]) -> Any:
 def _build_tenants(raw: Any, env: Mapping[str, str]) -> dict[str, Tenant]:
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError("tenants: expected a mapping with at least one tenant")
-    tenants = {str(n): _build(Tenant, t, f"tenants.{n}", env, {"name": str(n)}) for n, t in raw.items()}
+    tenants = {
+        str(n): _build(Tenant, t, f"tenants.{n}", env, {"name": str(n)}) for n, t in raw.items()
+    }
     seen: dict[str, str] = {}
     for t in tenants.values():
         for key in t.api_keys:

@@ -70,7 +70,9 @@ class TextFormatter(logging.Formatter):
 
 
 def format_fields(fields: dict[str, Any]) -> str:
-    keys = [k for k in ACCESS_FIELDS if k in fields] + sorted(k for k in fields if k not in ACCESS_FIELDS)
+    keys = [k for k in ACCESS_FIELDS if k in fields] + sorted(
+        k for k in fields if k not in ACCESS_FIELDS
+    )
     return " ".join(f"{k}={_text(fields[k])}" for k in keys if fields[k] is not None)
 
 

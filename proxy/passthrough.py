@@ -68,7 +68,9 @@ class Passthrough:
         except ClientDisconnected:
             fields["client_disconnected"] = True
 
-    async def _forward(self, client: httpx.AsyncClient, request: httpx.Request, responder: Responder) -> None:
+    async def _forward(
+        self, client: httpx.AsyncClient, request: httpx.Request, responder: Responder
+    ) -> None:
         try:
             response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -78,7 +80,9 @@ class Passthrough:
             await responder.error(err)
             return
         try:
-            await responder.start(response.status_code, response_headers(response.headers, decoded=False))
+            await responder.start(
+                response.status_code, response_headers(response.headers, decoded=False)
+            )
             try:
                 async for chunk in response.aiter_raw():
                     await responder.chunk(chunk)

@@ -1,8 +1,8 @@
 """The request pipeline: an ordered list of small named stages over one Exchange.
 
-    parse -> resolve tenant and conversation -> classify      (chat.py, before the pipeline)
-          -> stages, in order (this module runs them)           e.g. archive, trim, session, loop, ...
-          -> forward and stream back                            (chat.py, after the pipeline)
+    parse -> tenant and conversation -> classify     (chat.py, before the pipeline)
+          -> stages, in order (run here)               e.g. archive, trim, session, loop
+          -> forward and stream back                   (chat.py, after the pipeline)
 
 A stage reads and rewrites `exchange.messages` (the outgoing view) and records
 what it did. Compaction is an optimisation: a stage that raises is logged and
@@ -89,7 +89,9 @@ class Pipeline:
             before = exchange.messages
             try:
                 await stage(exchange)
-            except Exception as exc:  # any stage failure: keep going with what we had (see docstring)
+            except (
+                Exception
+            ) as exc:  # any stage failure: keep going with what we had (see docstring)
                 exchange.messages = before
                 exchange.log_fields.setdefault("stage_errors", []).append(
                     f"{stage.name}:{type(exc).__name__}"

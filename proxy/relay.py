@@ -9,6 +9,7 @@ noticing a client disconnect so the upstream call is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -89,10 +90,9 @@ async def until_disconnect(
         watcher.cancel()
         return task.result()
     task.cancel()
-    try:
+    # The work is abandoned on purpose: whatever it raises while cancelling is moot.
+    with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-    except (asyncio.CancelledError, Exception):  # noqa: S110 - the work is abandoned on purpose
-        pass
     raise ClientDisconnected()
 
 

@@ -58,14 +58,18 @@ class UpstreamPool:
 
 def _make_client(u: Upstream, read_timeout: float | None = None) -> httpx.AsyncClient:
     read = u.timeout_s if read_timeout is None else read_timeout
-    timeout = httpx.Timeout(connect=u.connect_timeout_s, read=read, write=read, pool=u.connect_timeout_s)
+    timeout = httpx.Timeout(
+        connect=u.connect_timeout_s, read=read, write=read, pool=u.connect_timeout_s
+    )
     limits = httpx.Limits(
         max_connections=u.max_connections,
         max_keepalive_connections=u.max_connections,
         keepalive_expiry=30,
     )
     # trust_env=False: a proxy must not pick up HTTP(S)_PROXY meant for its host's tools.
-    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, follow_redirects=False)
+    return httpx.AsyncClient(
+        timeout=timeout, limits=limits, trust_env=False, follow_redirects=False
+    )
 
 
 def upstream_url(upstream: Upstream, path: str, query: bytes) -> str:

@@ -81,7 +81,10 @@ def make_config(upstream_url: str, tmp_path: Path, **overrides: Any) -> Config:
         "store": f"sqlite:///{tmp_path / 'recap.db'}",
         "scenes_dir": str(REPO / "scenes"),
         "tenants": {
-            "default": {"api_keys": [], "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30}}
+            "default": {
+                "api_keys": [],
+                "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
+            }
         },
     }
     for key, value in overrides.items():

@@ -88,7 +88,11 @@ class FakeUpstream:
     # -- inspection ----------------------------------------------------------------------
     def chat_requests(self, purpose: str = "chat") -> list[Recorded]:
         with self.lock:
-            return [r for r in self.requests if r.path == "/v1/chat/completions" and r.purpose == purpose]
+            return [
+                r
+                for r in self.requests
+                if r.path == "/v1/chat/completions" and r.purpose == purpose
+            ]
 
     def script(self, replies: list[Reply]) -> None:
         """Answer chat calls with these replies in order (the last one repeats)."""
@@ -116,16 +120,26 @@ class FakeUpstream:
 
     async def _models(self, request: Request) -> Response:
         await self._record(request)
-        body = json.dumps({"object": "list", "data": [{"id": "gpt-4o", "object": "model"}]}).encode()
+        body = json.dumps(
+            {"object": "list", "data": [{"id": "gpt-4o", "object": "model"}]}
+        ).encode()
         if "gzip" in request.headers.get("accept-encoding", ""):
-            return Response(gzip.compress(body), media_type="application/json", headers={"content-encoding": "gzip"})
+            return Response(
+                gzip.compress(body),
+                media_type="application/json",
+                headers={"content-encoding": "gzip"},
+            )
         return Response(body, media_type="application/json")
 
     async def _echo(self, request: Request) -> Response:
         rec = await self._record(request)
         return JSONResponse(
-            {"method": rec.method, "query": request.url.query, "size": len(rec.body),
-             "headers": rec.headers},
+            {
+                "method": rec.method,
+                "query": request.url.query,
+                "size": len(rec.body),
+                "headers": rec.headers,
+            },
             headers={"x-echo": "1"},
         )
 
@@ -136,12 +150,16 @@ class FakeUpstream:
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.status >= 400:
-            err = reply.error or {"error": {"message": "fake error", "type": "server_error", "code": None}}
+            err = reply.error or {
+                "error": {"message": "fake error", "type": "server_error", "code": None}
+            }
             return JSONResponse(err, status_code=reply.status, headers=reply.headers)
         model = body.get("model", "fake")
         if body.get("stream"):
             return StreamingResponse(
-                self._events(body, reply, model), media_type="text/event-stream", headers=reply.headers
+                self._events(body, reply, model),
+                media_type="text/event-stream",
+                headers=reply.headers,
             )
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
@@ -156,12 +174,20 @@ class FakeUpstream:
         }
         raw = json.dumps(out).encode()
         if reply.gzip:
-            return Response(gzip.compress(raw), media_type="application/json",
-                            headers={"content-encoding": "gzip", **reply.headers})
+            return Response(
+                gzip.compress(raw),
+                media_type="application/json",
+                headers={"content-encoding": "gzip", **reply.headers},
+            )
         return Response(raw, media_type="application/json", headers=reply.headers)
 
     def _chunks(self, body: dict[str, Any], reply: Reply, model: str) -> list[dict[str, Any]]:
-        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
+        base = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+        }
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -171,10 +197,26 @@ class FakeUpstream:
             out.append(chunk({"content": word + " "}))
         for i, call in enumerate(reply.tool_calls or []):
             args = call["function"]["arguments"]
-            out.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                              "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+            out.append(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["function"]["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
             for j in range(0, len(args), 7):  # arguments arrive in pieces
-                out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": args[j:j + 7]}}]}))
+                out.append(
+                    chunk(
+                        {"tool_calls": [{"index": i, "function": {"arguments": args[j : j + 7]}}]}
+                    )
+                )
         out.append(chunk({}, reply.finish_reason))
         if (body.get("stream_options") or {}).get("include_usage"):
             out.append({**base, "choices": [], "usage": reply.usage})

@@ -20,8 +20,14 @@ def serve(app: Any, *, lifespan: str = "on") -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        app, log_level="warning", lifespan=lifespan, access_log=False, log_config=None,
-        timeout_graceful_shutdown=2, server_header=False, date_header=False,
+        app,
+        log_level="warning",
+        lifespan=lifespan,
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=2,
+        server_header=False,
+        date_header=False,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -20,7 +20,10 @@ MESSAGES: list[Any] = [
 TOOL_CALL = {
     "id": "call_1",
     "type": "function",
-    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})},
+    "function": {
+        "name": "get_weather",
+        "arguments": json.dumps({"city": "Paris", "unit": "celsius"}),
+    },
 }
 
 
@@ -111,9 +114,13 @@ def test_client_disconnect_cancels_upstream(proxy_url: str, fake: FakeUpstream) 
     assert fake.streams_aborted == 1
 
 
-def test_unparseable_body_forwarded_unchanged(proxy_url: str, fake: FakeUpstream, logs: Any) -> None:
+def test_unparseable_body_forwarded_unchanged(
+    proxy_url: str, fake: FakeUpstream, logs: Any
+) -> None:
     raw = b'{"model": "gpt-4o", "messages": "not a list", "odd": true}'
-    r = httpx.post(f"{proxy_url}/chat/completions", content=raw, headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{proxy_url}/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 200
     (sent,) = fake.chat_requests()
     assert sent.body == raw
@@ -127,7 +134,9 @@ def test_concurrent_streams_do_not_block_each_other(proxy_url: str, fake: FakeUp
 
     def one() -> None:
         start = time.monotonic()
-        stream = client(proxy_url).chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+        stream = client(proxy_url).chat.completions.create(
+            model="gpt-4o", messages=MESSAGES, stream=True
+        )
         "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         results.append(time.monotonic() - start)
 
@@ -142,7 +151,9 @@ def test_concurrent_streams_do_not_block_each_other(proxy_url: str, fake: FakeUp
 
 
 @pytest.mark.parametrize("gzip_reply", [True, False])
-def test_compressed_upstream_json_is_decoded_once(proxy_url: str, fake: FakeUpstream, gzip_reply: bool) -> None:
+def test_compressed_upstream_json_is_decoded_once(
+    proxy_url: str, fake: FakeUpstream, gzip_reply: bool
+) -> None:
     fake.script([Reply(content="compressed answer", gzip=gzip_reply)])
     r = httpx.post(f"{proxy_url}/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert r.status_code == 200

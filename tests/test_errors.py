@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import openai
@@ -13,14 +14,25 @@ import pytest
 
 from tests.conftest import make_config
 from tests.fakes import FakeUpstream, Reply
-from tests.servers import free_port, serve
+from tests.servers import free_port
 
 BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def test_429_passes_through_with_headers(proxy_url: str, fake: FakeUpstream) -> None:
-    err = {"error": {"message": "Rate limit reached", "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
-    headers = {"retry-after": "7", "x-request-id": "req_up_1", "x-ratelimit-remaining-requests": "0"}
+    err = {
+        "error": {
+            "message": "Rate limit reached",
+            "type": "requests",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
+    headers = {
+        "retry-after": "7",
+        "x-request-id": "req_up_1",
+        "x-ratelimit-remaining-requests": "0",
+    }
     fake.script([Reply(status=429, error=err, headers=headers)])
     r = httpx.post(f"{proxy_url}/chat/completions", json=BODY)
     assert r.status_code == 429
@@ -31,7 +43,9 @@ def test_429_passes_through_with_headers(proxy_url: str, fake: FakeUpstream) -> 
 
 
 def test_5xx_passes_through_to_sdk(proxy_url: str, fake: FakeUpstream) -> None:
-    fake.script([Reply(status=503, error={"error": {"message": "overloaded", "type": "server_error"}})])
+    fake.script(
+        [Reply(status=503, error={"error": {"message": "overloaded", "type": "server_error"}})]
+    )
     client = openai.OpenAI(base_url=proxy_url, api_key="k", max_retries=0)
     with pytest.raises(openai.InternalServerError) as info:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
@@ -48,7 +62,9 @@ def test_connection_refused_is_502(proxy_factory: Callable[..., str], tmp_path: 
     assert r.json()["error"]["type"] == "upstream_error"
 
 
-def test_read_timeout_is_504(proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream, tmp_path: Path) -> None:
+def test_read_timeout_is_504(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
     cfg = make_config(upstream_url, tmp_path)
     cfg_data: dict[str, Any] = {
         "store": cfg.store,
@@ -71,14 +87,21 @@ def test_stalled_stream_ends_at_read_timeout_with_error_event(
     from proxy.config import parse_config
 
     cfg = parse_config(
-        {"store": f"sqlite:///{tmp_path}/r.db",
-         "tenants": {"default": {"upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 0.7}}}},
-        env={}, base_dir=str(tmp_path),
+        {
+            "store": f"sqlite:///{tmp_path}/r.db",
+            "tenants": {
+                "default": {"upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 0.7}}
+            },
+        },
+        env={},
+        base_dir=str(tmp_path),
     )
     url = proxy_factory(cfg)
     fake.script([Reply(content="a b c d", stall_after=2)])
     start = time.monotonic()
-    with httpx.stream("POST", f"{url}/chat/completions", json={**BODY, "stream": True}, timeout=10) as r:
+    with httpx.stream(
+        "POST", f"{url}/chat/completions", json={**BODY, "stream": True}, timeout=10
+    ) as r:
         events = [line for line in r.iter_lines() if line.startswith("data:")]
     assert time.monotonic() - start < 5
     assert len(events) == 3  # two real events, then the proxy's error event
@@ -88,7 +111,9 @@ def test_stalled_stream_ends_at_read_timeout_with_error_event(
 
 def test_mid_stream_reset_sends_bytes_then_error_event(proxy_url: str, fake: FakeUpstream) -> None:
     fake.script([Reply(content="one two three four", reset_after=3)])
-    with httpx.stream("POST", f"{proxy_url}/chat/completions", json={**BODY, "stream": True}, timeout=10) as r:
+    with httpx.stream(
+        "POST", f"{proxy_url}/chat/completions", json={**BODY, "stream": True}, timeout=10
+    ) as r:
         assert r.status_code == 200
         events = [line for line in r.iter_lines() if line.startswith("data:")]
     assert [json.loads(e[5:]).get("object") for e in events[:3]] == ["chat.completion.chunk"] * 3
@@ -116,10 +141,15 @@ def test_body_over_limit_is_413(proxy_factory: Callable[..., str]) -> None:
     assert r.status_code == 413
 
 
-def test_unknown_proxy_key_is_401(proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream) -> None:
+def test_unknown_proxy_key_is_401(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
+) -> None:
     url = proxy_factory(
         tenants={
-            "acme": {"api_keys": ["rk-acme"], "upstream": {"base_url": f"{upstream_url}/v1", "api_key": "sk-up"}},
+            "acme": {
+                "api_keys": ["rk-acme"],
+                "upstream": {"base_url": f"{upstream_url}/v1", "api_key": "sk-up"},
+            },
         }
     )
     client = openai.OpenAI(base_url=url, api_key="rk-wrong", max_retries=0)
@@ -139,7 +169,9 @@ def test_unknown_proxy_key_is_401(proxy_factory: Callable[..., str], upstream_ur
 @pytest.mark.parametrize(
     "header", [("x-conversation-id", "k" * 257), ("x-session-id", "bad\x01key")]
 )
-def test_bad_conversation_key_is_400(proxy_url: str, fake: FakeUpstream, header: tuple[str, str]) -> None:
+def test_bad_conversation_key_is_400(
+    proxy_url: str, fake: FakeUpstream, header: tuple[str, str]
+) -> None:
     r = httpx.post(f"{proxy_url}/chat/completions", json=BODY, headers={header[0]: header[1]})
     assert r.status_code == 400
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}

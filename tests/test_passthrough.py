@@ -60,7 +60,9 @@ def test_upstream_404_passes_through(proxy_url: str) -> None:
     assert r.status_code == 404
 
 
-def test_health_routes(proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream) -> None:
+def test_health_routes(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
+) -> None:
     url = proxy_factory(
         tenants={"t": {"api_keys": ["rk-1"], "upstream": {"base_url": f"{upstream_url}/v1"}}}
     ).removesuffix("/v1")

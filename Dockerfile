@@ -1,0 +1,19 @@
+# Recap in a container: the README's install step, run as a non-root user.
+FROM python:3.11-slim
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY proxy ./proxy
+COPY scenes ./scenes
+COPY config.yaml ./config.yaml
+RUN pip install --no-cache-dir . \
+    && useradd --create-home --uid 10001 recap \
+    && mkdir -p /app/data && chown recap /app/data
+
+USER recap
+# Mount your own config over /app/config.yaml (or set RECAP_CONFIG), and a volume on /app/data.
+ENV RECAP_CONFIG=/app/config.yaml
+EXPOSE 8080
+HEALTHCHECK --interval=15s --timeout=3s --start-period=10s \
+  CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status == 200 else 1)"
+CMD ["recap", "serve", "--host", "0.0.0.0", "--port", "8080", "--log-format", "json"]

@@ -1,0 +1,80 @@
+"""`recap serve` as a real subprocess: the console entry point, config, JSON logs on stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.fakes import FakeUpstream
+from tests.servers import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_serve_subprocess_forwards_and_logs(
+    tmp_path: Path, upstream_url: str, fake: FakeUpstream
+) -> None:
+    port = free_port()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "store": "sqlite:///./state/recap.db",
+                "scenes_dir": str(REPO / "scenes"),
+                "tenants": {"default": {"upstream": {"base_url": "${UP}/v1"}}},
+            }
+        )
+    )
+    env = {**os.environ, "UP": upstream_url, "RECAP_CONFIG": str(cfg)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--log-format", "json"],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "proxy did not become ready"
+            time.sleep(0.1)
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert r.status_code == 200
+        assert len(fake.chat_requests()) == 1
+        assert (tmp_path / "state" / "recap.db").exists()  # relative to the config file
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    lines = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    access = [x for x in lines if x.get("logger") == "recap.access"]
+    assert [x["path"] for x in access] == ["/v1/chat/completions"]  # health checks stay out
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("listen: {host: x, prot: 1}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "unknown config key: listen.prot" in r.stderr

@@ -1,0 +1,104 @@
+"""Config: typed and frozen, unknown keys rejected by name, ${ENV} interpolation."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load_config, parse_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_shipped_config_runs_as_is() -> None:
+    cfg = load_config(REPO / "config.yaml", env={})
+    (tenant,) = cfg.tenants.values()
+    assert tenant.is_open
+    assert tenant.upstream.base_url == "https://api.openai.com/v1"
+    assert tenant.upstream.api_key == ""
+    assert cfg.store.startswith("sqlite:///")
+    cfg = load_config(
+        REPO / "config.yaml",
+        env={"OPENAI_BASE_URL": "http://vllm:8000/v1", "OPENAI_API_KEY": "sk-x"},
+    )
+    (tenant,) = cfg.tenants.values()
+    assert tenant.upstream.base_url == "http://vllm:8000/v1"
+    assert tenant.upstream.api_key == "sk-x"
+
+
+@pytest.mark.parametrize(
+    ("data", "name"),
+    [
+        ({"listne": {}}, "listne"),
+        ({"listen": {"hots": "x"}}, "listen.hots"),
+        ({"tenants": {"a": {"upstream": {"base_ur": "x"}}}}, "tenants.a.upstream.base_ur"),
+        (
+            {"tenants": {"a": {"compaction": {"session": {"recent_turn": 3}}}}},
+            "tenants.a.compaction.session.recent_turn",
+        ),
+        ({"models": {"gpt-4o": {"window": 1}}}, "models.gpt-4o.window"),
+    ],
+)
+def test_unknown_keys_rejected_by_name(data: dict, name: str) -> None:
+    with pytest.raises(ConfigError, match=f"unknown config key: {name}$"):
+        parse_config(data, env={})
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"listen": {"port": "eighty"}}, "listen.port: expected a number"),
+        (
+            {"tenants": {"a": {"compaction": {"session": {"mode": "zip"}}}}},
+            "must be one of hybrid, replace",
+        ),
+        (
+            {"tenants": {"a": {"compaction": {"session": {"enabled": "yes"}}}}},
+            "expected true or false",
+        ),
+        ({"tenants": {}}, "at least one tenant"),
+        (
+            {"tenants": {"a": {"api_keys": ["k"]}, "b": {"api_keys": ["k"]}}},
+            "also used by tenant a",
+        ),
+        ({"tenants": {"a": {}, "b": {}}}, "at most one tenant may be open"),
+    ],
+)
+def test_bad_values_rejected_with_key(data: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        parse_config(data, env={})
+
+
+def test_env_interpolation_and_defaults() -> None:
+    cfg = parse_config(
+        {
+            "tenants": {
+                "a": {"upstream": {"base_url": "${UP:-http://fallback/v1}", "api_key": "${KEY}"}}
+            }
+        },
+        env={"KEY": "sk-secret"},
+    )
+    assert cfg.tenants["a"].upstream.base_url == "http://fallback/v1"
+    assert cfg.tenants["a"].upstream.api_key == "sk-secret"
+
+
+def test_config_is_frozen_and_models_have_windows() -> None:
+    cfg = parse_config(
+        {"models": {"small": {"context_window": 8000}}, "default_context_window": 32000}, env={}
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.store = "x"  # type: ignore[misc]
+    assert cfg.context_window("small") == 8000
+    assert cfg.context_window("other") == 32000
+    assert cfg.context_window(None) == 32000
+
+
+def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
