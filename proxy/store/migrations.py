@@ -1,0 +1,163 @@
+"""Versioned schema migrations for the SQLite store.
+
+Runs once when the store opens, before any request touches it. Each migration is
+a list of single statements (never `executescript`, which commits on its own) and
+is applied inside one write transaction together with its `schema_version` row,
+so a crash mid-migration leaves the previous schema intact and two proxies
+starting at once take turns: the second finds nothing left to do.
+
+The SQL sticks to what PostgreSQL also accepts where that costs nothing (ON
+CONFLICT, composite keys, ON DELETE CASCADE); the PostgreSQL backend keeps its
+own list because id columns and types differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiosqlite
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+_CONV_FK = "FOREIGN KEY (tenant, key) REFERENCES conversations (tenant, key) ON DELETE CASCADE"
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "initial schema",
+        (
+            """CREATE TABLE conversations (
+                tenant TEXT NOT NULL,
+                key TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                updated_at REAL NOT NULL,
+                current_version INTEGER,
+                message_count INTEGER NOT NULL DEFAULT 0,
+                tokens_saved INTEGER NOT NULL DEFAULT 0,
+                compact_count INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (tenant, key)
+            )""",
+            "CREATE INDEX conversations_updated ON conversations (updated_at)",
+            "CREATE INDEX conversations_tenant_updated ON conversations (tenant, updated_at)",
+            f"""CREATE TABLE summary_versions (
+                tenant TEXT NOT NULL,
+                key TEXT NOT NULL,
+                version INTEGER NOT NULL,
+                summary TEXT NOT NULL,
+                covered INTEGER NOT NULL,
+                boundary_hash TEXT NOT NULL,
+                compact_count INTEGER NOT NULL,
+                input_tokens INTEGER NOT NULL,
+                output_tokens INTEGER NOT NULL,
+                model TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                updated_at REAL NOT NULL,
+                PRIMARY KEY (tenant, key, version),
+                {_CONV_FK}
+            )""",
+            f"""CREATE TABLE compactions (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                tenant TEXT NOT NULL,
+                key TEXT NOT NULL,
+                layer TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                outcome TEXT NOT NULL,
+                detail TEXT NOT NULL,
+                tokens_before INTEGER NOT NULL,
+                tokens_after INTEGER NOT NULL,
+                chars_before INTEGER NOT NULL,
+                chars_after INTEGER NOT NULL,
+                model TEXT NOT NULL,
+                duration_ms INTEGER NOT NULL,
+                created_at REAL NOT NULL,
+                {_CONV_FK}
+            )""",
+            "CREATE INDEX compactions_conv ON compactions (tenant, key, id)",
+            # id keeps archive order; the unique key is what makes archiving idempotent.
+            f"""CREATE TABLE messages (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                tenant TEXT NOT NULL,
+                key TEXT NOT NULL,
+                fingerprint TEXT NOT NULL,
+                body TEXT NOT NULL,
+                first_seen_at REAL NOT NULL,
+                UNIQUE (tenant, key, fingerprint),
+                {_CONV_FK}
+            )""",
+            # AUTOINCREMENT: ids are never reused after a prune, so `tail --after ID` stays valid.
+            f"""CREATE TABLE events (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                tenant TEXT NOT NULL,
+                key TEXT NOT NULL,
+                type TEXT NOT NULL,
+                payload TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                {_CONV_FK}
+            )""",
+            "CREATE INDEX events_conv ON events (tenant, key, id)",
+            f"""CREATE TABLE loop_summaries (
+                tenant TEXT NOT NULL,
+                key TEXT NOT NULL,
+                turn_hash TEXT NOT NULL,
+                covered_rounds INTEGER NOT NULL,
+                summary TEXT NOT NULL,
+                input_tokens INTEGER NOT NULL,
+                output_tokens INTEGER NOT NULL,
+                model TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                expires_at REAL NOT NULL,
+                PRIMARY KEY (tenant, key, turn_hash, covered_rounds),
+                {_CONV_FK}
+            )""",
+            "CREATE TABLE heartbeat (id INTEGER PRIMARY KEY, at REAL NOT NULL)",
+        ),
+    ),
+)
+
+LATEST = MIGRATIONS[-1].version
+
+
+class SchemaTooNew(Exception):
+    """The database was migrated by a newer proxy; refusing to guess at its schema."""
+
+
+async def migrate(db: aiosqlite.Connection, now: float) -> int:
+    """Apply every migration newer than the database's version; return the final version.
+
+    `db` must be in autocommit mode (isolation_level=None): transactions here are explicit.
+    """
+    await db.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version ("
+        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    # IMMEDIATE takes the write lock before reading the version, so a second
+    # process starting at the same moment waits (busy_timeout) and then sees ours.
+    await db.execute("BEGIN IMMEDIATE")
+    try:
+        async with db.execute("SELECT MAX(version) FROM schema_version") as cur:
+            row = await cur.fetchone()
+        current = int(row[0]) if row is not None and row[0] is not None else 0
+        if current > LATEST:
+            raise SchemaTooNew(f"database schema v{current} is newer than this proxy (v{LATEST})")
+        for migration in MIGRATIONS:
+            if migration.version <= current:
+                continue
+            for statement in migration.statements:
+                await db.execute(statement)
+            await db.execute(
+                "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.name, now),
+            )
+            current = migration.version
+    except BaseException:
+        await db.rollback()
+        raise
+    await db.commit()
+    return current
