@@ -64,7 +64,7 @@ def fingerprint(message: Message) -> str:
 def split_pinned(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
     """Leading system/developer messages are pinned: never summarised, not in the chain."""
     n = 0
-    while n < len(messages) and messages[n].get("role") in PINNED_ROLES:
+    while n < len(messages) and _role(messages[n]) in PINNED_ROLES:
         n += 1
     return list(messages[:n]), list(messages[n:])
 
@@ -77,3 +77,8 @@ def chain_hashes(messages: Sequence[Message]) -> list[str]:
         h = hashlib.sha256((h + fingerprint(m)).encode("ascii")).hexdigest()
         out.append(h)
     return out
+
+
+def _role(message: object) -> str | None:
+    role = message.get("role") if isinstance(message, Mapping) else None
+    return role if isinstance(role, str) else None

@@ -1,0 +1,250 @@
+"""Session rolling summaries: when to compact, what stays raw, in which batches (seed 000 §6).
+
+The planning step for turn_start requests, between classification and the summarizer calls.
+Pure: the request's messages, the summary the store found for them and the policy go in; a
+`SessionPlan` comes out, and `session_view` assembles what is sent. The caller runs the
+batches through the summarizer in order, each merging into the summary so far, and stores
+the result with `new_covered`.
+
+The request is `pinned` (leading system/developer messages, sent as they came) + `body`; the
+last turn of `body` is the current one. An applied summary replaces body[:covered].
+
+Rules, and why:
+- What stays raw: the last `recent_turns` turns and at least `min_recent_ratio` of the
+  window counted back from the newest message, whichever keeps more (seed 000 §6.4, seed
+  003: follow-ups lean on the exact recent wording). In "replace" mode (seed 002) only the
+  current turn stays. Cuts are made only before a turn-starting user message, so a tool
+  call and its results are never split.
+- First trigger, `min_new_tokens`: the compactable part (after the summary's boundary,
+  before what stays raw) reaches min_new_tokens. Seed 000 §6.5 counts "compactable new
+  messages"; counting the raw tail too would fire on every turn once the tail alone is
+  that large.
+- Second trigger, `context_ratio`: the estimated request (pinned + summary + uncompacted
+  history + current message) reaches trigger_ratio of the window, with min_new_messages
+  messages since the boundary and min_compact_messages to compact.
+- Progress: when the request is over the trigger but keeping that much leaves nothing to
+  compact, fewer turns are kept (as many as still leave enough to compact; at least the
+  current turn).
+- No compaction loops: a compaction that is not forced consumes at least min_new_tokens
+  tokens (first trigger) or max(min_new_messages, min_compact_messages) messages (second),
+  and saves min_saving_tokens. What it consumes leaves the raw history for good, and that
+  history only grows by new messages, so compactions are at most as frequent as that much
+  new history arrives, however large the raw tail that must stay. Skip reason "anti_loop":
+  over the trigger, but too little history arrived since the summary's boundary
+  ("too_few_messages" when there is no summary yet).
+- Saving: the slice's tokens minus the summary's estimated growth; the summary is assumed
+  to grow by the slice up to max_summary_chars (seed 002's min_saving_tokens).
+- Batches: at most max_batch_messages messages per summarizer call, max_rounds_per_request
+  calls. A batch ends before a turn-starting user message; a turn longer than a batch is cut
+  at a tool-round boundary inside it rather than stall. The final boundary is moved back to
+  a turn start when the rounds run out mid-turn, unless no batch ends at one (a single turn
+  longer than all rounds together), where progress wins over the rule: the history stays
+  valid because every batch ends at a valid cut point.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from proxy.config import SessionCompaction
+from proxy.conversation import turn_cut_points, valid_cut_points
+from proxy.messages import Message
+
+# Summaries are written to a character budget; this converts it to tokens for the saving
+# estimate (English prose; Chinese is denser, which only makes the estimate cautious).
+CHARS_PER_TOKEN = 3.5
+
+SessionTrigger = Literal["min_new_tokens", "context_ratio", "forced"]
+
+
+@dataclass(frozen=True)
+class AppliedSummary:
+    """The stored summary whose boundary matches this request: it replaces body[:covered]."""
+
+    summary: str
+    covered: int
+    version: int
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    applied: AppliedSummary | None
+    trigger: SessionTrigger | None
+    # Why nothing is compacted even if a trigger fired: "disabled", "below_threshold",
+    # "nothing_to_compact", "too_few_messages", "anti_loop", "saving_below_min". A trigger
+    # may be set with a skip reason: it fired, and the reason says why nothing is done.
+    skip_reason: str | None
+    # Half-open ranges into body, contiguous from the applied boundary to new_covered.
+    batches: tuple[tuple[int, int], ...]
+    new_covered: int
+    tokens_before: int
+    tokens_after_estimate: int
+
+    @property
+    def compacts(self) -> bool:
+        return bool(self.batches)
+
+
+def plan_session(
+    pinned: Sequence[Message],
+    body: Sequence[Message],
+    applied: AppliedSummary | None,
+    policy: SessionCompaction,
+    context_window: int,
+    count: Callable[[Message], int],
+    count_text: Callable[[str], int],
+    force: bool = False,
+) -> SessionPlan:
+    """Decide whether and what to compact for this request (see the module docstring).
+
+    `force` (manual compaction) bypasses the thresholds and `enabled`, not the need for
+    something to compact. Raises ValueError if `applied` covers more than the body holds.
+    """
+    covered = applied.covered if applied is not None else 0
+    if not 0 <= covered <= len(body):
+        raise ValueError(f"summary covers {covered} messages of a body of {len(body)}")
+    tokens = _Prefix([count(m) for m in body])
+    fixed = sum(count(m) for m in pinned)
+    summary_tokens = count_text(applied.summary) if applied is not None else 0
+    before = fixed + summary_tokens + tokens.span(covered, len(body))
+
+    def skip(reason: str, trigger: SessionTrigger | None = None) -> SessionPlan:
+        return SessionPlan(applied, trigger, reason, (), covered, before, before)
+
+    if not (policy.enabled or force):
+        return skip("disabled")
+    cuts = [c for c in turn_cut_points(body) if c >= covered]
+    if not cuts:
+        return skip("nothing_to_compact")
+    threshold = context_window * policy.trigger_ratio
+    over = before >= threshold
+    needed = 1 if force else max(policy.min_compact_messages, policy.min_new_messages, 1)
+
+    cut = _raw_from(cuts, covered, tokens, policy, context_window)
+    if cut <= covered and (over or force):
+        # Keep fewer turns so the summary makes progress: as many as still leave enough.
+        cut = next((c for c in cuts if c - covered >= needed), cuts[-1])
+    slice_messages = cut - covered
+    slice_tokens = tokens.span(covered, cut)
+
+    trigger: SessionTrigger | None = None
+    if force:
+        trigger = "forced"
+    elif slice_tokens >= policy.min_new_tokens and slice_messages > 0:
+        trigger = "min_new_tokens"
+    elif over:
+        trigger = "context_ratio"
+    if trigger is None:
+        return skip("below_threshold")
+    if slice_messages <= 0:
+        return skip("nothing_to_compact", trigger)
+    if not force:
+        new_messages = cuts[-1] - covered
+        if trigger == "context_ratio" and (
+            new_messages < policy.min_new_messages or slice_messages < needed
+        ):
+            # Over the trigger, but too little history since the boundary to be worth a call.
+            return skip("anti_loop" if applied is not None else "too_few_messages", trigger)
+        growth = _summary_after(summary_tokens, slice_tokens, policy) - summary_tokens
+        if slice_tokens - growth < policy.min_saving_tokens:
+            return skip("saving_below_min", trigger)
+
+    batches = _batches(body, covered, cut, policy)
+    new_covered = batches[-1][1]
+    done = tokens.span(covered, new_covered)
+    after = (
+        fixed + _summary_after(summary_tokens, done, policy) + tokens.span(new_covered, len(body))
+    )
+    return SessionPlan(applied, trigger, None, tuple(batches), new_covered, before, after)
+
+
+def session_view(
+    pinned: Sequence[Message],
+    body: Sequence[Message],
+    covered: int,
+    summary_message: Message | None,
+) -> list[Message]:
+    """What goes upstream: pinned, then the summary, then the body it does not cover.
+
+    The same inputs give the same list of the same objects, so between compactions the
+    outgoing prefix is byte-identical and upstream prompt caches keep hitting. Both modes
+    use this view: "replace" differs in what the planner leaves raw (only the current
+    turn), never in dropping messages no summary covers.
+    """
+    if summary_message is None:
+        return [*pinned, *body]
+    return [*pinned, summary_message, *body[covered:]]
+
+
+class _Prefix:
+    """Token sums over index ranges in O(1)."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.sums = [0, *itertools.accumulate(counts)]
+
+    def span(self, start: int, end: int) -> int:
+        return self.sums[end] - self.sums[start] if end > start else 0
+
+
+def _raw_from(
+    cuts: list[int],
+    covered: int,
+    tokens: _Prefix,
+    policy: SessionCompaction,
+    context_window: int,
+) -> int:
+    """Index where the raw part starts under the retention rule (`covered`: all raw)."""
+    if policy.mode == "replace":
+        return cuts[-1]
+    keep = max(policy.recent_turns, 1)  # the current turn always stays
+    by_turns = cuts[-keep] if keep <= len(cuts) else covered
+    end = len(tokens.sums) - 1
+    target = policy.min_recent_ratio * context_window
+    by_ratio = covered
+    for c in reversed(cuts):
+        if tokens.span(c, end) >= target:
+            by_ratio = c
+            break
+    return min(by_turns, by_ratio)
+
+
+def _summary_after(summary_tokens: int, added: int, policy: SessionCompaction) -> int:
+    """Estimated summary size after merging `added` tokens of history into it."""
+    cap = max(math.ceil(policy.max_summary_chars / CHARS_PER_TOKEN), summary_tokens)
+    return min(cap, summary_tokens + added)
+
+
+def _batches(
+    body: Sequence[Message], start: int, cut: int, policy: SessionCompaction
+) -> list[tuple[int, int]]:
+    # `cut` is a turn cut point, so it ends both lists.
+    turn_ends = [c for c in turn_cut_points(body) if start < c <= cut]
+    any_ends = [c for c in valid_cut_points(body) if start < c <= cut]
+    size = max(policy.max_batch_messages, 1)
+    batches: list[tuple[int, int]] = []
+    while start < cut and len(batches) < max(policy.max_rounds_per_request, 1):
+        end = _last_at_most(turn_ends, start, start + size)
+        if end is None:
+            end = _last_at_most(any_ends, start, start + size)
+        if end is None:  # one tool round larger than a batch: it goes whole
+            end = any_ends[bisect.bisect_right(any_ends, start)]
+        batches.append((start, end))
+        start = end
+    if start < cut:
+        at_turn = [i for i, (_, e) in enumerate(batches) if e in turn_ends]
+        if at_turn:
+            del batches[at_turn[-1] + 1 :]
+    return batches
+
+
+def _last_at_most(ends: list[int], after: int, limit: int) -> int | None:
+    """The largest end in (after, limit], or None."""
+    i = bisect.bisect_right(ends, limit)
+    if i and ends[i - 1] > after:
+        return ends[i - 1]
+    return None

@@ -1,0 +1,166 @@
+"""Model-free trimming of old tool results, and the last-resort fit to the window.
+
+Runs on every request, after the session and loop views are assembled and before the
+request is forwarded (seed 002 micro_compact, seed 003 trimmer). Pure: messages in, a plan
+or a new list out; originals are never mutated, rewritten messages are new dicts.
+
+Trimming: once the estimated input passes trim_trigger_ratio of the window, every tool
+result outside the newest trim_keep_recent rounds and longer than trim_min_chars becomes a
+placeholder naming the tool, the call id, the original size, its first and last lines and
+`recap://message/<fingerprint>`, where the archive keeps the original (lossy at runtime,
+lossless on disk). Only tool results are touched: user messages and assistant answers never
+are, nor results of trim_exclude_tools. All eligible results are trimmed at once rather
+than "just enough": the set then only grows as rounds age, and the placeholder depends on
+the message and its tool's name only, so a trimmed prefix stays byte-identical across
+requests and upstream prompt caches keep hitting.
+
+`fit_to_window` is the last resort when even the compacted view is over the window: it
+drops the oldest raw history after the summary, whole turns (or whole tool rounds within
+the running turn), so the upstream gets a shorter valid request rather than a rejection.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.config import TrimCompaction
+from proxy.conversation import (
+    calls_of,
+    match_results,
+    result_key,
+    tool_rounds,
+    turn_cut_points,
+    valid_cut_points,
+)
+from proxy.messages import Message, fingerprint
+
+ARCHIVE_SCHEME = "recap://message/"
+# How much of the first and last line a placeholder keeps.
+EDGE_CHARS = 200
+
+
+@dataclass(frozen=True)
+class TrimPlan:
+    # Message index -> its trimmed replacement.
+    replacements: Mapping[int, Message] = field(default_factory=dict)
+    saved_chars: int = 0
+    trimmed: int = 0
+
+
+def plan_trim(
+    messages: Sequence[Message],
+    policy: TrimCompaction,
+    context_window: int,
+    count: Callable[[Message], int],
+    protect_from: int,
+) -> TrimPlan:
+    """Which tool results to trim; nothing at or after `protect_from` is touched."""
+    if not policy.enabled:
+        return TrimPlan()
+    if sum(count(m) for m in messages) < policy.trim_trigger_ratio * context_window:
+        return TrimPlan()
+    rounds = tool_rounds(messages)
+    recent = rounds[-policy.trim_keep_recent :] if policy.trim_keep_recent > 0 else []
+    limit = min([protect_from, *(r.start for r in recent)])
+    replacements: dict[int, Message] = {}
+    saved = 0
+    for index, call in match_results(messages).items():
+        if index >= limit:
+            continue
+        message = messages[index]
+        text = _text(message.get("content"))
+        if text is None or len(text) <= policy.trim_min_chars:
+            continue
+        name = message.get("name")
+        if not isinstance(name, str) or not name:
+            name = dict(calls_of(messages[call])).get(result_key(message) or "", "")
+        if name in policy.trim_exclude_tools:
+            continue
+        placeholder = trimmed_content(message, text, name)
+        if len(placeholder) < len(text):
+            replacements[index] = {**message, "content": placeholder}
+            saved += len(text) - len(placeholder)
+    return TrimPlan(dict(sorted(replacements.items())), saved, len(replacements))
+
+
+def apply_trim(messages: Sequence[Message], plan: TrimPlan) -> list[Message]:
+    return [plan.replacements.get(i, m) for i, m in enumerate(messages)]
+
+
+def trimmed_content(message: Message, text: str, tool: str) -> str:
+    """The placeholder for a tool result: a pure function of the message and its tool name."""
+    lines = text.strip().splitlines() or [""]
+    first, last = lines[0], lines[-1]
+    head = first[:EDGE_CHARS] + (" …" if len(first) > EDGE_CHARS else "")
+    tail = ("… " if len(last) > EDGE_CHARS else "") + last[-EDGE_CHARS:]
+    call_id = message.get("tool_call_id")
+    call_id = call_id if isinstance(call_id, str) else ""
+    return (
+        f"[Recap trimmed this old tool result to save context. tool: {tool or 'unknown'}; "
+        f"call id: {call_id}; original: {len(text)} characters, {len(lines)} lines; "
+        f"full text archived as {ARCHIVE_SCHEME}{fingerprint(message)}]\n"
+        f"first line: {head}\n"
+        f"last line: {tail}"
+    )
+
+
+def fit_to_window(
+    pinned_count: int,
+    messages: Sequence[Message],
+    summary_index: int | None,
+    current_user_index: int,
+    context_window: int,
+    count: Callable[[Message], int],
+) -> tuple[list[Message], int]:
+    """Drop the oldest raw history until the estimate fits; returns (messages, dropped).
+
+    Never dropped: pinned messages, the summary and everything before it, the current
+    turn's user message, and the newest unit (what the model is answering). Before the
+    current user message whole turns go, oldest first; after it whole tool rounds.
+    """
+    counts = [count(m) for m in messages]
+    total = sum(counts)
+    if total <= context_window:
+        return list(messages), 0
+    n = len(messages)
+    first = max(pinned_count, summary_index + 1 if summary_index is not None else 0)
+    current = current_user_index
+    units: list[tuple[int, int]] = []
+    if first < current:
+        ends = [c for c in turn_cut_points(messages) if first < c < current] + [current]
+        units += _pairs([first, *ends])
+    after = max(first, current + 1)
+    if after < n:
+        ends = [c for c in valid_cut_points(messages) if after < c <= n]
+        units += _pairs([after, *ends])[:-1]  # the newest unit stays
+    dropped: set[int] = set()
+    for start, end in units:
+        if total <= context_window:
+            break
+        dropped.update(range(start, end))
+        total -= sum(counts[start:end])
+    return [m for i, m in enumerate(messages) if i not in dropped], len(dropped)
+
+
+def _pairs(points: list[int]) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in itertools.pairwise(points) if b > a]
+
+
+def _text(content: Any) -> str | None:
+    """A tool result's text, if it is all text (a plain string or only text parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts: list[str] = []
+        for part in content:
+            if not (isinstance(part, Mapping) and part.get("type") == "text"):
+                return None
+            text = part.get("text")
+            if not isinstance(text, str):
+                return None
+            texts.append(text)
+        return "".join(texts)
+    return None

@@ -1,0 +1,412 @@
+"""Tests for proxy.compaction.session: replaying real and generated conversations turn by turn.
+
+The replay plays client and store: each turn-starting prefix of a conversation is a request;
+a compaction's result is "stored" and applied to later requests whose body still starts with
+the covered messages. A fake summarizer stands in for the model (a bounded text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from proxy.compaction.session import AppliedSummary, SessionPlan, plan_session, session_view
+from proxy.config import SessionCompaction
+from proxy.conversation import tool_rounds, turn_cut_points, turn_starts, valid_cut_points
+from proxy.messages import Classification, Message, classify, split_pinned
+from proxy.tokens import TokenCounter
+from tests.test_conversation import (
+    assert_valid,
+    by_task,
+    chain,
+    count,
+    count_text,
+    long_session,
+    tool_loop,
+)
+
+WINDOW = 8000
+# Small enough that compaction fires on tau-bench conversations in an 8K window.
+SMALL = SessionCompaction(
+    min_new_tokens=3000,
+    min_new_messages=4,
+    min_compact_messages=4,
+    min_saving_tokens=300,
+    recent_turns=2,
+    max_summary_chars=1200,
+    max_batch_messages=12,
+    max_rounds_per_request=3,
+)
+
+
+@dataclass
+class Step:
+    pinned: list[Message]
+    body: list[Message]
+    applied: AppliedSummary | None
+    plan: SessionPlan
+    view: list[Message]
+    summary_message: Message | None
+
+
+def fake_summary(previous: str, batch: Sequence[Message], limit: int) -> str:
+    """Merge a batch into the summary the way a summarizer would: bounded, newest kept."""
+    notes = [str(m.get("content"))[:60] for m in batch if m.get("role") == "user"]
+    return (previous + " | " + "; ".join(notes))[-limit:]
+
+
+def summary_message(text: str) -> Message:
+    return {"role": "system", "content": f"<summary>{text}</summary>"}
+
+
+def replay(
+    conversation: Sequence[Message],
+    policy: SessionCompaction,
+    window: int = WINDOW,
+    counter: Any = count,
+    text_counter: Any = count_text,
+) -> Iterator[Step]:
+    """One turn_start request per turn start, with a store that keeps the latest summary."""
+    stored: tuple[AppliedSummary, list[Message]] | None = None
+    for end in range(1, len(conversation) + 1):
+        prefix = conversation[:end]
+        if classify(prefix) is not Classification.TURN_START:
+            continue
+        pinned, body = split_pinned(prefix)
+        applied = None
+        if stored is not None and body[: stored[0].covered] == stored[1]:
+            applied = stored[0]
+        plan = plan_session(pinned, body, applied, policy, window, counter, text_counter)
+        summary = applied.summary if applied else ""
+        covered = applied.covered if applied else 0
+        if plan.compacts:
+            for start, stop in plan.batches:
+                summary = fake_summary(summary, body[start:stop], policy.max_summary_chars)
+            covered = plan.new_covered
+            version = applied.version + 1 if applied else 1
+            stored = (AppliedSummary(summary, covered, version), body[:covered])
+        message = summary_message(summary) if covered else None
+        view = session_view(pinned, body, covered, message)
+        yield Step(pinned, body, applied, plan, view, message)
+
+
+def check_step(step: Step, policy: SessionCompaction, window: int = WINDOW) -> None:
+    """What must hold for every request, whatever the plan decided."""
+    plan, body = step.plan, step.body
+    assert_valid(step.view)
+    assert step.view[: len(step.pinned)] == step.pinned
+    if step.summary_message is not None:
+        assert step.view[len(step.pinned)] is step.summary_message
+    covered = step.applied.covered if step.applied else 0
+    assert plan.applied == step.applied
+    if not plan.compacts:
+        assert plan.new_covered == covered
+        assert plan.skip_reason is not None
+        return
+    assert plan.skip_reason is None and plan.trigger is not None
+    assert plan.batches[0][0] == covered
+    cuts = set(valid_cut_points(body))
+    for (a, b), (c, _) in zip(
+        plan.batches, [*plan.batches[1:], (plan.new_covered, 0)], strict=True
+    ):
+        assert a < b == c and b in cuts
+        one_round = any(r.start == a and r.end == b for r in tool_rounds(body))
+        assert b - a <= policy.max_batch_messages or one_round
+    assert len(plan.batches) <= policy.max_rounds_per_request
+    current = turn_starts(body)[-1]
+    assert plan.new_covered <= current  # the current turn always stays raw
+    assert plan.tokens_after_estimate <= plan.tokens_before
+
+
+def test_replay_of_real_conversations_in_a_small_window(taubench: list[dict[str, Any]]) -> None:
+    compactions = requests = 0
+    for sessions in by_task(taubench).values():
+        for step in replay(chain(sessions), SMALL):
+            check_step(step, SMALL)
+            requests += 1
+            if step.plan.compacts:
+                compactions += 1
+                assert step.plan.new_covered in turn_cut_points(step.body)
+    assert compactions > 30 and requests > 10 * compactions
+
+
+def test_replay_of_a_long_chain_keeps_recent_turns_and_ratio_raw(
+    taubench: list[dict[str, Any]],
+) -> None:
+    tasks = by_task(taubench)
+    conversation = chain([s for t in range(12) for s in tasks[t]])
+    assert len(conversation) > 500
+    policy = dataclasses.replace(SMALL, recent_turns=3, min_recent_ratio=0.25)
+    window = 20000  # the first trigger fires well before the window fills
+    relaxed = ratio_wins = 0
+    for step in replay(conversation, policy, window):
+        check_step(step, policy, window)
+        plan, body = step.plan, step.body
+        if not plan.compacts:
+            continue
+        tail = body[plan.new_covered :]
+        covered = step.applied.covered if step.applied else 0
+        kept_turns = len(turn_starts(tail))
+        turns_available = len([c for c in turn_cut_points(body) if c >= covered])
+        if plan.tokens_before < window * policy.trigger_ratio:
+            # Without pressure both rules hold: recent turns and a quarter of the window.
+            assert kept_turns >= min(policy.recent_turns, turns_available)
+            assert sum(map(count, tail)) >= policy.min_recent_ratio * window
+            relaxed += 1
+            ratio_wins += kept_turns > policy.recent_turns
+    assert relaxed > 5 and ratio_wins > 0  # the ratio rule really kept more than the turn rule
+
+
+def test_real_token_counter_end_to_end(taubench: list[dict[str, Any]]) -> None:
+    counter = TokenCounter()
+
+    def count_real(m: Message) -> int:
+        return counter.count_message(m, "gpt-4o")
+
+    def count_text_real(t: str) -> int:
+        return counter.count_text(t, "gpt-4o")
+
+    tasks = by_task(taubench)
+    conversation = chain([s for t in range(6) for s in tasks[t]])
+    steps = list(replay(conversation, SMALL, WINDOW, count_real, count_text_real))
+    for step in steps:
+        check_step(step, SMALL)
+    compacted = [s for s in steps if s.plan.compacts]
+    assert compacted
+    last = steps[-1]
+    assert counter.count_messages(last.view) < counter.count_messages(last.pinned + last.body)
+
+
+def test_views_between_compactions_extend_the_previous_bytes(
+    taubench: list[dict[str, Any]],
+) -> None:
+    tasks = by_task(taubench)
+    steps = list(replay(chain(tasks[3] + tasks[4] + tasks[5]), SMALL))
+    checked = 0
+    for before, after in itertools.pairwise(steps):
+        if after.plan.compacts:
+            continue
+        old = json.dumps(before.view, ensure_ascii=False)[:-1]  # without the closing bracket
+        assert json.dumps(after.view, ensure_ascii=False).startswith(old)
+        checked += 1
+    assert checked > 10
+
+
+def _compaction_steps(
+    conversation: list[Message], policy: SessionCompaction
+) -> tuple[list[int], list[Step]]:
+    steps = list(replay(conversation, policy))
+    for step in steps:
+        check_step(step, policy)
+    return [n for n, s in enumerate(steps) if s.plan.compacts], steps
+
+
+def _gaps(turns: list[int]) -> list[int]:
+    return [b - a for a, b in itertools.pairwise(turns)]
+
+
+@pytest.mark.parametrize(
+    ("system_words", "answer_words"),
+    [
+        (3400, 20),  # the pinned prompt alone is over the trigger
+        (400, 2400),  # long answers: the recent turns alone are over it
+    ],
+)
+def test_no_compaction_loop_when_what_stays_raw_is_over_the_trigger(
+    system_words: int, answer_words: int
+) -> None:
+    """Compaction must wait for enough new history instead of firing on every turn."""
+    conversation: list[Message] = [{"role": "system", "content": "policy " * system_words}]
+    for t in range(60):
+        conversation.append({"role": "user", "content": f"question {t}"})
+        conversation.append({"role": "assistant", "content": f"answer {t} " + "x " * answer_words})
+    policy = SessionCompaction(
+        min_new_tokens=10**9,
+        min_new_messages=8,
+        min_compact_messages=8,
+        min_saving_tokens=20,
+        max_summary_chars=400,
+    )
+    turns, steps = _compaction_steps(conversation, policy)
+    assert len(turns) >= 10  # it still makes progress
+    assert min(_gaps(turns)) >= 4  # 8 messages = 4 turns of new history each time
+    if system_words > 1000:
+        # Over the trigger on every request, compacting on one in four.
+        assert all(s.plan.tokens_before >= WINDOW * policy.trigger_ratio for s in steps[8:])
+        assert sum(s.plan.skip_reason == "anti_loop" for s in steps) > 2 * len(turns)
+
+    # The same replay without the rule compacts on consecutive turns: the test can tell.
+    loose = dataclasses.replace(
+        policy, min_new_messages=1, min_compact_messages=1, min_saving_tokens=0
+    )
+    loose_turns, _ = _compaction_steps(conversation, loose)
+    assert min(_gaps(loose_turns)) == 1
+
+
+def test_compactions_are_bounded_by_new_history_in_a_long_generated_session() -> None:
+    conversation = long_session(seed=7, n_turns=120)
+    assert len(conversation) > 500
+    policy = SessionCompaction(min_new_tokens=8000, max_batch_messages=40, max_rounds_per_request=4)
+    window = 32000
+    steps = list(replay(conversation, policy, window))
+    consumed = 0
+    for step in steps:
+        check_step(step, policy, window)
+        plan = step.plan
+        if plan.compacts:
+            covered = step.applied.covered if step.applied else 0
+            consumed += plan.new_covered - covered
+            taken = sum(map(count, step.body[covered : plan.new_covered]))
+            assert plan.new_covered - covered >= policy.min_new_messages or taken >= 8000
+    compactions = sum(s.plan.compacts for s in steps)
+    assert compactions >= 3
+    assert compactions <= consumed // policy.min_new_messages
+    # The outgoing request stays near the window however long the session gets.
+    assert max(sum(map(count, s.view)) for s in steps[len(steps) // 2 :]) < window * 1.2
+
+
+def test_first_trigger_counts_only_what_can_be_compacted() -> None:
+    conversation = long_session(seed=2, n_turns=60, max_lines=80)
+    policy = SessionCompaction(min_new_tokens=20000, min_recent_ratio=0.0)
+    window = 1_000_000  # never near the window: only the first trigger can fire
+    steps = list(replay(conversation, policy, window))
+    fired = [s for s in steps if s.plan.compacts]
+    assert fired and all(s.plan.trigger == "min_new_tokens" for s in fired)
+    for s in fired:
+        covered = s.applied.covered if s.applied else 0
+        assert sum(map(count, s.body[covered : s.plan.new_covered])) >= 20000
+        # ... and the raw tail is never what pushed it over.
+        assert len(turn_starts(s.body[s.plan.new_covered :])) >= policy.recent_turns
+
+
+def _big_turns(n: int, lines: int) -> list[Message]:
+    conversation: list[Message] = [*tool_loop(rounds=0)[:3]]  # system, hello, hi
+    for t in range(n):
+        conversation += tool_loop(rounds=6, lines=lines, seed=t)[3:]  # a user task and 6 rounds
+        conversation.append({"role": "assistant", "content": f"finished task {t}"})
+    conversation.append({"role": "user", "content": "and now?"})
+    return conversation
+
+
+def test_over_the_window_with_few_huge_turns_keeps_fewer_turns() -> None:
+    conversation = _big_turns(3, lines=40)
+    pinned, body = split_pinned(conversation)
+    assert len(turn_starts(body)) == 5  # fewer than recent_turns: retention keeps everything
+    policy = SessionCompaction()
+    window = 12000
+    plan = plan_session(pinned, body, None, policy, window, count, count_text)
+    assert plan.tokens_before > window * policy.trigger_ratio
+    assert plan.compacts and plan.trigger == "context_ratio"
+    # As many turns as possible stay: the first cut that leaves ten messages to compact.
+    cuts = turn_cut_points(body)
+    assert plan.new_covered == next(c for c in cuts if c >= policy.min_compact_messages)
+    assert plan.new_covered < cuts[-1]
+
+
+def test_forced_compaction_bypasses_thresholds_but_needs_something() -> None:
+    conversation = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "1"},
+        {"role": "user", "content": "two"},
+    ]
+    pinned, body = split_pinned(conversation)
+    policy = SessionCompaction()
+    plan = plan_session(pinned, body, None, policy, 96000, count, count_text)
+    assert plan.skip_reason == "below_threshold" and not plan.compacts
+    forced = plan_session(pinned, body, None, policy, 96000, count, count_text, force=True)
+    assert forced.trigger == "forced" and forced.batches == ((0, 2),)
+    disabled = dataclasses.replace(policy, enabled=False)
+    assert plan_session(pinned, body, None, disabled, 96000, count, count_text).skip_reason == (
+        "disabled"
+    )
+    assert plan_session(pinned, body, None, disabled, 96000, count, count_text, True).compacts
+    applied = AppliedSummary("s", 2, 1)
+    again = plan_session(pinned, body, applied, policy, 96000, count, count_text, force=True)
+    assert again.skip_reason == "nothing_to_compact" and again.new_covered == 2
+
+
+def test_saving_below_min_and_invalid_boundary() -> None:
+    conversation: list[Message] = [{"role": "system", "content": "s" * 20000}]
+    for t in range(12):
+        conversation += [
+            {"role": "user", "content": f"q{t}"},
+            {"role": "assistant", "content": "a"},
+        ]
+    conversation.append({"role": "user", "content": "now"})
+    pinned, body = split_pinned(conversation)
+    plan = plan_session(pinned, body, None, SessionCompaction(), 6000, count, count_text)
+    assert plan.trigger == "context_ratio" and plan.skip_reason == "saving_below_min"
+    with pytest.raises(ValueError):
+        plan_session(
+            pinned, body, AppliedSummary("x", 99, 1), SessionCompaction(), 6000, count, count_text
+        )
+
+
+def test_batches_cut_inside_a_turn_longer_than_a_batch() -> None:
+    conversation = tool_loop(rounds=60, lines=3)
+    conversation += [
+        {"role": "assistant", "content": "Build fixed."},
+        {"role": "user", "content": "Thanks, now deploy."},
+    ]
+    pinned, body = split_pinned(conversation)
+    loop_start, current = turn_starts(body)[-2:]
+    policy = SessionCompaction(max_batch_messages=20, recent_turns=1, min_recent_ratio=0.0)
+    plan = plan_session(pinned, body, None, policy, 96000, count, count_text, force=True)
+    assert plan.new_covered == current
+    ends = [b for _, b in plan.batches]
+    inside = [e for e in ends if loop_start < e < current]
+    assert inside and all(e in valid_cut_points(body) for e in inside)
+    assert all(b - a <= 20 for a, b in plan.batches)
+
+    # Too few rounds to reach the turn's end: the boundary goes back to a turn start...
+    short = dataclasses.replace(policy, max_rounds_per_request=2)
+    plan = plan_session(pinned, body, None, short, 96000, count, count_text, force=True)
+    assert plan.batches == ((0, loop_start),)
+    # ... unless no batch ends at one: then progress wins, at a valid cut inside the turn.
+    applied = AppliedSummary("x", loop_start, 1)
+    plan = plan_session(pinned, body, applied, short, 96000, count, count_text, force=True)
+    assert len(plan.batches) == 2 and loop_start < plan.new_covered < current
+    view = session_view(pinned, body, plan.new_covered, summary_message("x"))
+    assert_valid(view)
+
+
+def test_a_single_round_larger_than_a_batch_goes_whole() -> None:
+    conversation = tool_loop(rounds=2, parallel=30, lines=1)
+    conversation.append({"role": "user", "content": "next"})
+    pinned, body = split_pinned(conversation)
+    policy = SessionCompaction(max_batch_messages=10, recent_turns=1, min_recent_ratio=0.0)
+    plan = plan_session(pinned, body, None, policy, 96000, count, count_text, force=True)
+    rounds = tool_rounds(body)
+    assert (rounds[0].start, rounds[0].end) in plan.batches
+    assert plan.new_covered == turn_starts(body)[-1]
+
+
+def test_replace_mode_summarises_everything_but_the_current_turn(
+    taubench: list[dict[str, Any]],
+) -> None:
+    policy = dataclasses.replace(SMALL, mode="replace", max_rounds_per_request=30)
+    tasks = by_task(taubench)
+    fired = 0
+    for step in replay(chain(tasks[7] + tasks[8]), policy):
+        check_step(step, policy)
+        if step.plan.compacts:
+            fired += 1
+            current = turn_starts(step.body)[-1]
+            assert step.plan.new_covered == current
+            assert step.view == [*step.pinned, step.summary_message, *step.body[current:]]
+    assert fired
+
+
+def test_session_view_without_summary_is_the_request() -> None:
+    pinned = [{"role": "system", "content": "s"}]
+    body = [{"role": "user", "content": "q"}]
+    assert session_view(pinned, body, 0, None) == pinned + body
+    summary = summary_message("x")
+    assert session_view(pinned, body, 0, summary) == [*pinned, summary, *body]
