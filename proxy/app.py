@@ -16,9 +16,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.compaction.session_stage import SessionStage
+from proxy.compaction.summarize import Summarizer
 from proxy.config import Config
 from proxy.errors import error_body
 from proxy.pipeline import Pipeline, Stage
+from proxy.scenes import SceneSet
 from proxy.stages import EstimateTokens
 from proxy.state import AppState
 from proxy.store import StoreError, open_store
@@ -28,9 +31,34 @@ from proxy.upstream import UpstreamPool
 log = logging.getLogger("recap.app")
 
 
+def load_scenes(config: Config) -> dict[str, SceneSet]:
+    """Every tenant's scenes, loaded and validated: a bad scene fails the start, not a request."""
+    scenes = {
+        name: SceneSet(
+            config.resolve_path(config.scenes_dir),
+            {k: str(config.resolve_path(v)) for k, v in t.scenes.items()},
+        )
+        for name, t in config.tenants.items()
+    }
+    for name, t in config.tenants.items():
+        scenes[name].get(t.compaction.session.scene)
+        scenes[name].get(t.compaction.loop.scene)
+    return scenes
+
+
 def build_stages(state: AppState) -> list[Stage]:
-    """The request pipeline, in order. Each capability is one stage here."""
-    return [EstimateTokens(state.counter)]
+    """The request pipeline, in order. Each capability is one stage here.
+
+    The session stage runs first, on the messages exactly as the client sent them,
+    because stored summaries are matched by the chain hash of those messages.
+    """
+    config = state.config
+    scenes = load_scenes(config)
+    summarizer = Summarizer(state.upstreams, config.tenants)
+    return [
+        SessionStage(state.store, summarizer, scenes, state.counter, config.tenants),
+        EstimateTokens(state.counter),
+    ]
 
 
 def create_app(config: Config) -> Starlette:

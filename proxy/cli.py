@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from proxy.config import ConfigError, load_config
+from proxy.scenes import SceneError
 
 
 def _config_path(arg: str | None) -> str:
@@ -17,10 +18,11 @@ def _config_path(arg: str | None) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from proxy.app import create_app
+    from proxy.app import create_app, load_scenes
     from proxy.logs import configure_logging
 
     config = load_config(_config_path(args.config))
+    load_scenes(config)  # a missing or invalid scene stops here with its name
     configure_logging(args.log_format, args.log_level.upper())
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except ConfigError as exc:
+    except (ConfigError, SceneError) as exc:
         print(f"recap: config error: {exc}", file=sys.stderr)
         return 2
     return code

@@ -73,7 +73,7 @@ class Exchange:
 class Stage(Protocol):
     name: str
 
-    async def __call__(self, exchange: Exchange) -> None: ...
+    async def __call__(self, exchange: Exchange, /) -> None: ...
 
 
 class Pipeline:

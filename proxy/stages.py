@@ -1,4 +1,4 @@
-"""The built-in stages that need no store or model: token estimation.
+"""The built-in stage that needs no store or model: token estimation (always last).
 
 Compaction stages live in proxy/compaction/stages.py; both are assembled into one
 list by `app.build_stages`.
@@ -21,3 +21,8 @@ class EstimateTokens:
     async def __call__(self, exchange: Exchange) -> None:
         tokens = self.counter.count_messages(exchange.messages, exchange.model)
         exchange.log_fields["input_tokens"] = tokens
+        if exchange.changed:
+            before = self.counter.count_messages(exchange.original, exchange.model)
+            exchange.log_fields["tokens_before"] = before
+            exchange.response_headers["x-recap-tokens-before"] = str(before)
+            exchange.response_headers["x-recap-tokens-after"] = str(tokens)

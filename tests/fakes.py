@@ -63,7 +63,9 @@ def extractive_summary(request_body: dict[str, Any]) -> str:
         m["content"] for m in request_body.get("messages", []) if isinstance(m.get("content"), str)
     )
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    picked = [ln[:200] for ln in lines if ln.startswith(("User:", "Tool result", "Assistant"))][:20]
+    picked = [ln[:200] for ln in lines if ln.startswith(("User:", "Tool result", "Assistant"))][
+        -20:
+    ]
     return "<summary>\n## User Goal\n" + "\n".join(picked or lines[:5]) + "\n</summary>"
 
 

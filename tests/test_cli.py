@@ -78,3 +78,16 @@ def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert "unknown config key: listen.prot" in r.stderr
+
+
+def test_missing_scene_stops_start_with_its_name(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scenes_dir: ./nowhere\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "session_compact.yaml" in r.stderr

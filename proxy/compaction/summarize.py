@@ -1,0 +1,158 @@
+"""The summarizer step: scene -> one non-streamed model call -> a checked summary text.
+
+IO edge of compaction (httpx through the shared upstream pool). The caller gives
+the rendered values; this module sends them to the tenant's upstream (or its
+`summarizer.upstream`), bounded per tenant by `summarizer.max_concurrency`, and
+returns a `SummaryResult` or raises `SummarizerFailed` with a short reason
+(never the text). The `Breaker` keeps a conversation whose summaries keep failing
+from paying for a failing call on every turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from proxy.compaction.framing import check_summary, extract_summary
+from proxy.config import Tenant
+from proxy.scenes import Scene, render
+from proxy.store.base import ConversationRef
+from proxy.upstream import UpstreamPool, translate, upstream_url
+
+# Marks the proxy's own calls, so an upstream gateway can tell them from the client's.
+PURPOSE_HEADER = "x-recap-purpose"
+
+
+class SummarizerFailed(Exception):
+    """The summary could not be made; `reason` is short and safe to log."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SummaryResult:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    model: str
+    duration_ms: int
+
+
+class Summarizer:
+    def __init__(self, upstreams: UpstreamPool, tenants: Mapping[str, Tenant]) -> None:
+        self.upstreams = upstreams
+        self._slots = {
+            name: asyncio.Semaphore(max(1, t.summarizer.max_concurrency))
+            for name, t in tenants.items()
+        }
+
+    async def summarize(
+        self,
+        tenant: Tenant,
+        scene: Scene,
+        values: Mapping[str, str | int],
+        *,
+        model: str | None,
+        authorization: str | None,
+        max_chars: int,
+    ) -> SummaryResult:
+        system, user = render(scene, **values)
+        chosen = scene.model or model
+        if not chosen:
+            raise SummarizerFailed("no model for the summarizer call")
+        body: dict[str, object] = {
+            "model": chosen,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "stream": False,
+        }
+        for key in ("temperature", "top_p", "max_tokens"):
+            value = getattr(scene, key)
+            if value is not None:
+                body[key] = value
+        upstream = tenant.summarizer.upstream or tenant.upstream
+        headers = {"content-type": "application/json", PURPOSE_HEADER: "summarize"}
+        if upstream.api_key:
+            headers["authorization"] = f"Bearer {upstream.api_key}"
+        elif authorization:
+            headers["authorization"] = authorization
+        timeout = httpx.Timeout(tenant.summarizer.timeout_s, connect=upstream.connect_timeout_s)
+        client = self.upstreams.client(upstream)
+        start = time.perf_counter()
+        async with self._slots.setdefault(tenant.name, asyncio.Semaphore(1)):
+            try:
+                response = await asyncio.wait_for(
+                    client.post(
+                        upstream_url(upstream, "/v1/chat/completions", b""),
+                        content=json.dumps(body, ensure_ascii=False).encode(),
+                        headers=headers,
+                        timeout=timeout,
+                    ),
+                    # A hard bound too: a trickling response must not outlive the budget.
+                    timeout=tenant.summarizer.timeout_s + upstream.connect_timeout_s,
+                )
+            except TimeoutError:
+                raise SummarizerFailed("timeout") from None
+            except httpx.HTTPError as exc:
+                err = translate(exc)
+                raise SummarizerFailed(
+                    err.code if err and err.code else type(exc).__name__
+                ) from None
+        duration_ms = int((time.perf_counter() - start) * 1000)
+        if response.status_code != 200:
+            raise SummarizerFailed(f"upstream status {response.status_code}")
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            raw_text = choice["message"].get("content")
+            finish = choice.get("finish_reason")
+            usage = data.get("usage") or {}
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise SummarizerFailed("malformed upstream response") from None
+        text = extract_summary(raw_text if isinstance(raw_text, str) else None)
+        problem = check_summary(text, finish, max_chars)
+        if problem is not None:
+            raise SummarizerFailed(problem)
+        return SummaryResult(
+            text=text,
+            input_tokens=int(usage.get("prompt_tokens") or 0),
+            output_tokens=int(usage.get("completion_tokens") or 0),
+            model=str(data.get("model") or chosen),
+            duration_ms=duration_ms,
+        )
+
+
+class Breaker:
+    """After `threshold` consecutive failures in a conversation, skip it for `cooldown_s`."""
+
+    def __init__(self, threshold: int, cooldown_s: float, max_entries: int = 10_000) -> None:
+        self.threshold = threshold
+        self.cooldown_s = cooldown_s
+        self.max_entries = max_entries
+        self._failures: dict[ConversationRef, tuple[int, float]] = {}
+
+    def open(self, conv: ConversationRef, now: float | None = None) -> bool:
+        failures, until = self._failures.get(conv, (0, 0.0))
+        if failures < self.threshold:
+            return False
+        if (now if now is not None else time.monotonic()) < until:
+            return True
+        # Cool-down over: let one attempt through (half-open); one more failure re-opens.
+        self._failures[conv] = (self.threshold - 1, 0.0)
+        return False
+
+    def failed(self, conv: ConversationRef, now: float | None = None) -> None:
+        failures = self._failures.get(conv, (0, 0.0))[0] + 1
+        until = (now if now is not None else time.monotonic()) + self.cooldown_s
+        if len(self._failures) >= self.max_entries and conv not in self._failures:
+            self._failures.pop(next(iter(self._failures)))
+        self._failures[conv] = (failures, until if failures >= self.threshold else 0.0)
+
+    def succeeded(self, conv: ConversationRef) -> None:
+        self._failures.pop(conv, None)
