@@ -16,8 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.archive import ArchiveOriginals, Archiver, RecordRequest
+from proxy.compaction.loop_stage import LoopStage
 from proxy.compaction.session_stage import SessionStage
 from proxy.compaction.summarize import Summarizer
+from proxy.compaction.trim_stage import FitToWindow, TrimStage
 from proxy.config import Config
 from proxy.errors import error_body
 from proxy.pipeline import Pipeline, Stage
@@ -56,8 +59,13 @@ def build_stages(state: AppState) -> list[Stage]:
     scenes = load_scenes(config)
     summarizer = Summarizer(state.upstreams, config.tenants)
     return [
+        ArchiveOriginals(state.archiver),
         SessionStage(state.store, summarizer, scenes, state.counter, config.tenants),
+        LoopStage(state.store, summarizer, scenes, state.counter),
+        TrimStage(state.counter),
+        FitToWindow(state.counter),
         EstimateTokens(state.counter),
+        RecordRequest(state.archiver),
     ]
 
 
@@ -85,6 +93,7 @@ def create_app(config: Config) -> Starlette:
             upstreams=upstreams,
             counter=counter,
             store=store,
+            archiver=Archiver(store),
             pipeline=Pipeline([]),
         )
         state.pipeline = Pipeline(build_stages(state))
@@ -92,6 +101,7 @@ def create_app(config: Config) -> Starlette:
             # Lifespan state: Starlette/uvicorn copy it into every request's scope["state"].
             yield {"recap": state}
         finally:
+            await state.archiver.drain()
             await upstreams.aclose()
             await store.close()
 

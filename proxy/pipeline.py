@@ -12,13 +12,14 @@ that stage. The app builds the list once (`app.build_stages`); the README names 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from proxy.config import Tenant
-from proxy.messages import Classification, Message
+from proxy.messages import Classification, Message, chain_hashes, split_pinned
 from proxy.store.base import ConversationRef
 
 log = logging.getLogger("recap.pipeline")
@@ -50,6 +51,14 @@ class Exchange:
     response_headers: dict[str, str] = field(default_factory=dict)
     # Layers that changed the outgoing view, in order ("session", "loop", "trim", ...).
     layers: list[str] = field(default_factory=list)
+    # Set by the archive stage: the originals are on disk (compaction may run), and
+    # the fingerprints of the client's messages, in order.
+    archived: bool = False
+    # Index in `messages` of the last summary message a stage inserted (protected by
+    # the last-resort fit), and whether a compaction this request failed.
+    summary_index: int | None = None
+    compaction_failed: bool = False
+    fingerprints: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -68,6 +77,19 @@ class Exchange:
     @property
     def changed(self) -> bool:
         return self.messages is not self.original
+
+    @functools.cached_property
+    def identity(self) -> History:
+        """The client's messages as pinned + body with the body's chain hashes (computed once)."""
+        pinned, body = split_pinned(self.original)
+        return History(pinned, body, chain_hashes(body))
+
+
+@dataclass(frozen=True)
+class History:
+    pinned: list[Message]
+    body: list[Message]
+    chain: list[str]
 
 
 class Stage(Protocol):

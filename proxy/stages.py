@@ -21,6 +21,12 @@ class EstimateTokens:
     async def __call__(self, exchange: Exchange) -> None:
         tokens = self.counter.count_messages(exchange.messages, exchange.model)
         exchange.log_fields["input_tokens"] = tokens
+        if exchange.compaction_failed:
+            exchange.response_headers["x-recap-compaction"] = "failed"
+        else:
+            exchange.response_headers.setdefault(
+                "x-recap-compaction", ",".join(exchange.layers) or "none"
+            )
         if exchange.changed:
             before = self.counter.count_messages(exchange.original, exchange.model)
             exchange.log_fields["tokens_before"] = before

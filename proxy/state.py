@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.archive import Archiver
 from proxy.config import Config
 from proxy.pipeline import Pipeline
 from proxy.store.base import Store
@@ -17,4 +18,5 @@ class AppState:
     upstreams: UpstreamPool
     counter: TokenCounter
     store: Store
+    archiver: Archiver
     pipeline: Pipeline

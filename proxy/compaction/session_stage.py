@@ -6,7 +6,7 @@ summary never exists whose originals are missing (seed 002 §5.5):
 
     find the stored summary whose boundary matches this history   (store)
     plan (turn_start or forced only)                               (pure)
-    under the conversation's lock: re-check, archive the originals,
+    under the conversation's lock: re-check (reuse another request's work),
     summarise batch by batch, store each as a new version          (store, summarizer)
     assemble pinned + summary + raw tail                           (pure)
 
@@ -21,15 +21,16 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
+from proxy.compaction.audit import audit
 from proxy.compaction.framing import summary_message
 from proxy.compaction.session import AppliedSummary, SessionPlan, plan_session, session_view
 from proxy.compaction.summarize import Breaker, Summarizer, SummarizerFailed
 from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.config import SessionCompaction, Tenant
-from proxy.messages import Classification, Message, chain_hashes, fingerprint, split_pinned
+from proxy.messages import Classification, Message
 from proxy.pipeline import Exchange
 from proxy.scenes import SceneSet
-from proxy.store.base import CompactionRecord, NewSummary, Store, StoreError, SummaryVersion
+from proxy.store.base import CompactionRecord, NewSummary, Store, SummaryVersion
 from proxy.tokens import TokenCounter
 
 log = logging.getLogger("recap.session")
@@ -40,10 +41,6 @@ def as_applied(version: SummaryVersion | None, body_len: int) -> AppliedSummary 
     if version is None or not 0 < version.covered < body_len:
         return None
     return AppliedSummary(version.summary, version.covered, version.version)
-
-
-def archive_rows(messages: Sequence[Message]) -> list[tuple[str, str]]:
-    return [(fingerprint(m), json.dumps(m, ensure_ascii=False)) for m in messages]
 
 
 class SessionStage:
@@ -70,12 +67,14 @@ class SessionStage:
         policy = ex.tenant.compaction.session
         if ex.control == "off" or not (policy.enabled or ex.control == "force"):
             return
-        pinned, body = split_pinned(ex.messages)
+        pinned, body, chain = ex.identity.pinned, ex.identity.body, ex.identity.chain
         if len(body) < 2:
             return
-        chain = chain_hashes(body)
         applied = as_applied(await self.store.matching_summary(ex.conversation, chain), len(body))
-        wants = ex.classification == Classification.TURN_START or ex.control == "force"
+        # Ordering rule: only once the originals are on disk may a summary of them exist.
+        wants = ex.archived and (
+            ex.classification == Classification.TURN_START or ex.control == "force"
+        )
         breaker = self.breakers.setdefault(
             ex.tenant.name, Breaker(policy.failure_threshold, policy.cooldown_s)
         )
@@ -84,13 +83,13 @@ class SessionStage:
             wants = False
         if wants:
             applied = await self._maybe_compact(ex, policy, pinned, body, chain, applied, breaker)
-        ex.response_headers.setdefault("x-recap-compaction", "none")
         if applied is None:
             return
         ex.response_headers["x-recap-summary-version"] = str(applied.version)
         language = detect_language(body[: applied.covered])
         message = summary_message(applied.summary, policy.summary_role, language, "session")
         ex.messages = session_view(pinned, body, applied.covered, message)
+        ex.summary_index = len(pinned)
         ex.log_fields["summary_version"] = applied.version
         ex.log_fields["summary_covers"] = applied.covered
 
@@ -154,9 +153,6 @@ class SessionStage:
         applied = plan.applied
         start = time.perf_counter()
         await ex.notify("recap compacting")
-        # Ordering rule: the originals are on disk before any summary of them exists.
-        # A StoreError here propagates: the pipeline drops this stage's changes.
-        await self.store.archive_messages(conv, archive_rows(body[: plan.new_covered]))
         scene = self.scenes[ex.tenant.name].get(policy.scene)
         summary = applied.summary if applied else ""
         current = head_tail(content_text(body[-1].get("content")), policy.max_item_chars)
@@ -209,8 +205,10 @@ class SessionStage:
         after = plan.tokens_before
         if applied is not None and progressed:
             after = plan.tokens_before - self._saved(ex, body, plan, applied)
-        ex.response_headers["x-recap-compaction"] = "failed" if failure else "session"
-        ex.layers.append("session")
+        if failure:
+            ex.compaction_failed = True
+        if progressed:
+            ex.layers.append("session")
         ex.log_fields.update(
             session_trigger=plan.trigger,
             session_batches=len(plan.batches),
@@ -225,7 +223,22 @@ class SessionStage:
         chars_after = _chars(body[applied.covered if applied else 0 :]) + len(
             applied.summary if applied else ""
         )
-        await self._audit(ex, plan, failure, (after, chars_before, chars_after), duration_ms, model)
+        await audit(
+            self.store,
+            conv,
+            CompactionRecord(
+                layer="manual" if ex.control == "force" else "session",
+                reason=str(plan.trigger),
+                outcome="failed" if failure else "ok",
+                detail=failure,
+                tokens_before=plan.tokens_before,
+                tokens_after=after,
+                chars_before=chars_before,
+                chars_after=chars_after,
+                model=model,
+                duration_ms=duration_ms,
+            ),
+        )
         await ex.notify("recap compacted" if not failure else f"recap compaction failed: {failure}")
         if failure:
             log.warning(
@@ -243,35 +256,6 @@ class SessionStage:
         old_sum = self.counter.count_text(plan.applied.summary, model) if plan.applied else 0
         removed = sum(self.counter.count_message(m, model) for m in body[old_cov : applied.covered])
         return removed + old_sum - self.counter.count_text(applied.summary, model)
-
-    async def _audit(
-        self,
-        ex: Exchange,
-        plan: SessionPlan,
-        failure: str,
-        figures: tuple[int, int, int],
-        duration_ms: int,
-        model: str,
-    ) -> None:
-        tokens_after, chars_before, chars_after = figures
-        try:
-            await self.store.record_compaction(
-                ex.conversation,
-                CompactionRecord(
-                    layer="manual" if ex.control == "force" else "session",
-                    reason=str(plan.trigger),
-                    outcome="failed" if failure else "ok",
-                    detail=failure,
-                    tokens_before=plan.tokens_before,
-                    tokens_after=tokens_after,
-                    chars_before=chars_before,
-                    chars_after=chars_after,
-                    model=model,
-                    duration_ms=duration_ms,
-                ),
-            )
-        except StoreError as exc:  # the audit row is not worth failing the compaction for
-            log.warning("audit row not written: %s", exc, extra={"request_id": ex.request_id})
 
 
 def _chars(messages: Sequence[Message]) -> int:

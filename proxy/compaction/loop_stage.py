@@ -1,0 +1,209 @@
+"""The loop stage: inside one turn's tool loop, older rounds -> the turn's working summary.
+
+Runs on tool_continuation requests, after the session stage (it works on the view the
+session stage assembled). Planning is pure (`loop.plan_loop`); this stage does the IO:
+
+    find the turn's working summary: keyed by the chain hash at the turn's user message
+    plan; when rounds are due, under the conversation's lock re-check (another step of
+    the same loop may have done it), summarise the due rounds merged into the working
+    summary, store it with the rounds it covers (kept for the turn, with a TTL)
+    assemble: up to the turn's user message, the working summary, the newest rounds raw
+
+The client re-sends the whole loop on every step, so the stored working summary is
+reused without a new call until the next `loop_trigger_tool_rounds` rounds are due.
+A failure sends the working set as it was (the trim stage still runs after this one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from proxy.compaction.audit import audit
+from proxy.compaction.framing import summary_message
+from proxy.compaction.loop import LoopPlan, LoopState, loop_view, plan_loop
+from proxy.compaction.summarize import Summarizer, SummarizerFailed
+from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
+from proxy.config import LoopCompaction
+from proxy.conversation import turn_starts
+from proxy.messages import Classification, Message
+from proxy.pipeline import Exchange
+from proxy.scenes import SceneSet
+from proxy.store.base import CompactionRecord, LoopSummary, Store
+from proxy.tokens import TokenCounter
+
+log = logging.getLogger("recap.loop")
+
+
+class LoopStage:
+    name = "loop"
+
+    def __init__(
+        self,
+        store: Store,
+        summarizer: Summarizer,
+        scenes: Mapping[str, SceneSet],
+        counter: TokenCounter,
+    ) -> None:
+        self.store = store
+        self.summarizer = summarizer
+        self.scenes = scenes
+        self.counter = counter
+
+    async def __call__(self, ex: Exchange, /) -> None:
+        policy = ex.tenant.compaction.loop
+        if ex.control == "off" or not policy.enabled or not ex.archived:
+            return
+        if ex.classification != Classification.TOOL_CONTINUATION:
+            return
+        turn_hash = self._turn_hash(ex)
+        if turn_hash is None:
+            return
+        messages = ex.messages
+        model = ex.model
+
+        def count(m: Message) -> int:
+            return self.counter.count_message(m, model)
+
+        probe = plan_loop(messages, None, policy, count)
+        if not probe.rounds:
+            return
+        state = await self._state(ex, turn_hash, len(probe.rounds))
+        plan = plan_loop(messages, state, policy, count)
+        ex.log_fields["tool_rounds"] = len(plan.rounds)
+        if plan.compact_rounds is not None:
+            async with self.store.conversation_lock(ex.conversation):
+                # Another step of this loop may have summarised these rounds meanwhile.
+                fresher = await self._state(ex, turn_hash, len(plan.rounds))
+                if fresher != state:
+                    state = fresher
+                    plan = plan_loop(messages, state, policy, count)
+                if plan.compact_rounds is not None:
+                    state = await self._compact(ex, policy, plan, state, turn_hash)
+        elif plan.skip_reason:
+            ex.log_fields["loop_skip"] = plan.skip_reason
+        if state is None or state.covered_rounds <= 0:
+            return
+        language = detect_language(messages[: (plan.turn_start or 0) + 1])
+        message = summary_message(
+            state.summary, ex.tenant.compaction.session.summary_role, language, "loop"
+        )
+        ex.messages = loop_view(messages, state.covered_rounds, message)
+        if plan.turn_start is not None and ex.messages is not messages:
+            ex.summary_index = plan.turn_start + 1
+        ex.log_fields["loop_rounds_summarised"] = state.covered_rounds
+
+    def _turn_hash(self, ex: Exchange) -> str | None:
+        """Chain hash of the client's history up to and including the turn's user message."""
+        ident = ex.identity
+        starts = turn_starts(ident.body)
+        return ident.chain[starts[-1]] if starts else None
+
+    async def _state(self, ex: Exchange, turn_hash: str, rounds: int) -> LoopState | None:
+        found = await self.store.get_loop_summary(ex.conversation, turn_hash, rounds, time.time())
+        return LoopState(found.summary, found.covered_rounds) if found else None
+
+    async def _compact(
+        self,
+        ex: Exchange,
+        policy: LoopCompaction,
+        plan: LoopPlan,
+        state: LoopState | None,
+        turn_hash: str,
+    ) -> LoopState | None:
+        span = plan.compact_span
+        assert span is not None and plan.compact_rounds is not None and plan.turn_start is not None
+        start = time.perf_counter()
+        await ex.notify("recap compacting")
+        messages = ex.messages
+        session = ex.tenant.compaction.session
+        goal = head_tail(
+            content_text(messages[plan.turn_start].get("content")), session.max_item_chars
+        )
+        before = sum(self.counter.count_message(m, ex.model) for m in messages)
+        try:
+            result = await self.summarizer.summarize(
+                ex.tenant,
+                self.scenes[ex.tenant.name].get(policy.scene),
+                {
+                    "transcript": render_transcript(
+                        messages[span[0] : span[1]], session.max_item_chars
+                    ),
+                    "existing_summary": state.summary if state else "",
+                    "goal": goal,
+                    "max_summary_chars": session.max_summary_chars,
+                    "language": detect_language(messages[: plan.turn_start + 1]),
+                },
+                model=ex.model,
+                authorization=ex.headers.get("authorization"),
+                max_chars=session.max_summary_chars,
+            )
+        except SummarizerFailed as exc:
+            ex.compaction_failed = True
+            ex.log_fields["loop_failure"] = exc.reason
+            await self._audit(ex, plan, exc.reason, (before, before), start, "")
+            await ex.notify(f"recap compaction failed: {exc.reason}")
+            log.warning("loop compaction failed, working set sent as it was: %s", exc.reason)
+            return state
+        now = time.time()
+        covered = plan.compact_rounds[1]
+        await self.store.put_loop_summary(
+            ex.conversation,
+            LoopSummary(
+                turn_hash=turn_hash,
+                covered_rounds=covered,
+                summary=result.text,
+                input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens,
+                model=result.model,
+                created_at=now,
+                expires_at=now + policy.ttl_s,
+            ),
+        )
+        new = LoopState(result.text, covered)
+        after = (
+            before
+            - sum(
+                self.counter.count_message(m, ex.model)
+                for m in messages[plan.boundary(plan.covered_rounds) : span[1]]
+            )
+            + self.counter.count_text(result.text, ex.model)
+            - (self.counter.count_text(state.summary, ex.model) if state else 0)
+        )
+        ex.layers.append("loop")
+        ex.log_fields.update(
+            loop_trigger=plan.trigger,
+            loop_rounds_compacted=covered - plan.covered_rounds,
+            summarizer_tokens_in=result.input_tokens,
+            summarizer_tokens_out=result.output_tokens,
+        )
+        await self._audit(ex, plan, "", (before, after), start, result.model)
+        await ex.notify("recap compacted")
+        return new
+
+    async def _audit(
+        self,
+        ex: Exchange,
+        plan: LoopPlan,
+        failure: str,
+        tokens: tuple[int, int],
+        start: float,
+        model: str,
+    ) -> None:
+        await audit(
+            self.store,
+            ex.conversation,
+            CompactionRecord(
+                layer="loop",
+                reason=str(plan.trigger),
+                outcome="failed" if failure else "ok",
+                detail=failure,
+                tokens_before=tokens[0],
+                tokens_after=tokens[1],
+                chars_before=0,
+                chars_after=0,
+                model=model,
+                duration_ms=int((time.perf_counter() - start) * 1000),
+            ),
+        )
