@@ -139,4 +139,16 @@ class RecordRequest:
                 },
             )
 
+            if ex.trimmed:
+                await archiver.store.append_event(
+                    conv,
+                    "trim",
+                    {
+                        "request_id": ex.request_id,
+                        "trimmed": ex.log_fields.get("trimmed_results"),
+                        "saved_chars": ex.log_fields.get("trimmed_chars_saved"),
+                        "originals": ex.trimmed,
+                    },
+                )
+
         archiver.background(write(), "request event")

@@ -33,6 +33,7 @@ from proxy.relay import (
     read_body,
     until_disconnect,
 )
+from proxy.sse import AnswerRecorder
 from proxy.state import AppState
 from proxy.upstream import request_headers, response_headers, translate, upstream_url
 
@@ -163,14 +164,25 @@ class ChatCompletions:
             fields["error"] = err.code
             await responder.error(err)
             return
+        recorder = None
+        if exchange is not None and exchange.archived:
+            ctype = response.headers.get("content-type", "")
+            recorder = AnswerRecorder(streamed=ctype.startswith("text/event-stream"))
         try:
             fields["upstream_status"] = response.status_code
-            await self._relay(response, responder, extra)
+            await self._relay(response, responder, extra, recorder)
         finally:
             await response.aclose()
+            if recorder is not None and exchange is not None:
+                answer = {"request_id": exchange.request_id, "status": response.status_code}
+                state.archiver.event(exchange.conversation, "response", answer | recorder.result())
 
     async def _relay(
-        self, response: httpx.Response, responder: Responder, extra: dict[str, str]
+        self,
+        response: httpx.Response,
+        responder: Responder,
+        extra: dict[str, str],
+        recorder: AnswerRecorder | None,
     ) -> None:
         if responder.started:
             # The SSE stream is already open (compaction progress was sent): an
@@ -191,6 +203,8 @@ class ChatCompletions:
         try:
             async for chunk in response.aiter_bytes():
                 await responder.chunk(chunk)
+                if recorder is not None:
+                    recorder.feed(chunk)
         except httpx.HTTPError as exc:
             err = translate(exc)
             if err is None:

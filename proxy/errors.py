@@ -4,7 +4,9 @@
     ├── BadRequest        400     invalid_request_error (e.g. a malformed conversation key)
     ├── Unauthorized      401     invalid_request_error / invalid_api_key
     ├── NotFound          404     invalid_request_error / not_found
+    ├── Conflict          409     invalid_request_error / nothing_to_compact, ...
     ├── PayloadTooLarge   413     invalid_request_error / request_too_large
+    ├── CompactionFailed  502     upstream_error / compaction_failed (manual compaction)
     ├── UpstreamUnreachable 502   upstream_error / upstream_unreachable
     └── UpstreamTimeout   504     upstream_error / upstream_timeout
 
@@ -50,6 +52,12 @@ class NotFound(RecapError):
     code = "not_found"
 
 
+class Conflict(RecapError):
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class PayloadTooLarge(RecapError):
     status = 413
     type = "invalid_request_error"
@@ -60,6 +68,12 @@ class UpstreamUnreachable(RecapError):
     status = 502
     type = "upstream_error"
     code = "upstream_unreachable"
+
+
+class CompactionFailed(RecapError):
+    status = 502
+    type = "upstream_error"
+    code = "compaction_failed"
 
 
 class UpstreamTimeout(RecapError):

@@ -58,6 +58,8 @@ class Exchange:
     # the last-resort fit), and whether a compaction this request failed.
     summary_index: int | None = None
     compaction_failed: bool = False
+    # Fingerprints of the originals the trim stage replaced by placeholders.
+    trimmed: list[str] = field(default_factory=list)
     fingerprints: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -1,20 +1,46 @@
-"""One audit row per compaction attempt (seed 003): written best-effort.
+"""One audit row and one archive event per compaction attempt (seed 003, seed 002 §5.3).
 
-The row is for operators; failing to write it must not undo a compaction that
+Both are for operators; failing to write them must not undo a compaction that
 succeeded, so store errors are logged here and go no further.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
-from proxy.store.base import CompactionRecord, ConversationRef, Store, StoreError
+from proxy.store.base import CompactionRecord, ConversationRef, EventType, Store, StoreError
 
 log = logging.getLogger("recap.audit")
 
 
-async def audit(store: Store, conv: ConversationRef, record: CompactionRecord) -> None:
+EVENT_OF_LAYER: dict[str, EventType] = {
+    "session": "session_compact",
+    "loop": "loop_compact",
+    "manual": "manual_compact",
+    "trim": "trim",
+}
+
+
+async def audit(
+    store: Store,
+    conv: ConversationRef,
+    record: CompactionRecord,
+    details: Mapping[str, Any] | None = None,
+) -> None:
     try:
         await store.record_compaction(conv, record)
+        event = {
+            "outcome": record.outcome,
+            "reason": record.reason,
+            "detail": record.detail,
+            "tokens_before": record.tokens_before,
+            "tokens_after": record.tokens_after,
+            "model": record.model,
+            "duration_ms": record.duration_ms,
+            **(details or {}),
+        }
+        await store.append_event(conv, EVENT_OF_LAYER[record.layer], event)
     except StoreError as exc:
         log.warning("audit row not written (%s %s): %s", record.layer, record.outcome, exc)

@@ -206,4 +206,10 @@ class LoopStage:
                 model=model,
                 duration_ms=int((time.perf_counter() - start) * 1000),
             ),
+            {
+                "request_id": ex.request_id,
+                "covered_rounds_before": plan.covered_rounds,
+                "covered_rounds": plan.compact_rounds[1] if plan.compact_rounds else None,
+                "tool_rounds": len(plan.rounds),
+            },
         )

@@ -238,6 +238,15 @@ class SessionStage:
                 model=model,
                 duration_ms=duration_ms,
             ),
+            {
+                "request_id": ex.request_id,
+                "version": applied.version if applied else None,
+                "covered": applied.covered if applied else 0,
+                "previous_version": plan.applied.version if plan.applied else None,
+                "batches": len(plan.batches),
+                "summarizer_input_tokens": tokens_in,
+                "summarizer_output_tokens": tokens_out,
+            },
         )
         await ex.notify("recap compacted" if not failure else f"recap compaction failed: {failure}")
         if failure:

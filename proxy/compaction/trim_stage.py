@@ -16,7 +16,7 @@ import logging
 
 from proxy.compaction.trim import apply_trim, fit_to_window, plan_trim
 from proxy.conversation import turn_starts
-from proxy.messages import Message
+from proxy.messages import Message, fingerprint
 from proxy.pipeline import Exchange
 from proxy.tokens import TokenCounter
 
@@ -44,6 +44,7 @@ class TrimStage:
         plan = plan_trim(ex.messages, policy, ex.context_window, count, len(ex.messages))
         if not plan.trimmed:
             return
+        ex.trimmed = [fingerprint(ex.messages[i]) for i in sorted(plan.replacements)]
         ex.messages = apply_trim(ex.messages, plan)
         ex.layers.append("trim")
         ex.log_fields.update(trimmed_results=plan.trimmed, trimmed_chars_saved=plan.saved_chars)

@@ -1,0 +1,83 @@
+"""Manual compaction (seed 002 module E, the memory_compact tool): compact a conversation now.
+
+Used by `POST /v1/recap/conversations/{key}/compact` and `recap compact KEY`. It runs
+the session stage alone, forced, over the conversation's last request as archived,
+so it follows exactly the session layer's rules and scene (audit reason `manual`).
+Unlike the automatic path it fails loudly: a failed or pointless compaction is an
+error the caller sees.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.compaction.session_stage import SessionStage
+from proxy.config import Config, Tenant
+from proxy.errors import CompactionFailed, Conflict, NotFound
+from proxy.messages import classify
+from proxy.pipeline import Exchange
+from proxy.store.base import ConversationRef, Store
+
+
+@dataclass(frozen=True)
+class ManualResult:
+    version: int
+    summary: str
+    covered: int
+    tokens_before: int
+    tokens_after: int
+
+
+async def last_request(store: Store, conv: ConversationRef) -> tuple[dict[str, Any], list[Any]]:
+    """The payload of the conversation's last `request` event and its messages, rebuilt."""
+    last: dict[str, Any] | None = None
+    async for event in store.events(conv):
+        if event.type == "request":
+            last = event.payload
+    if last is None:
+        raise NotFound(f"No archived request for conversation {conv.key!r}.")
+    fps: list[str] = last["messages"]
+    bodies = await store.archived_messages(conv, sorted(set(fps)))
+    missing = [fp for fp in fps if fp not in bodies]
+    if missing:
+        raise Conflict(f"The archive lacks {len(missing)} message(s) of the last request.")
+    return last, [json.loads(bodies[fp]) for fp in fps]
+
+
+async def compact_now(
+    store: Store,
+    stage: SessionStage,
+    config: Config,
+    tenant: Tenant,
+    conv: ConversationRef,
+    authorization: str | None,
+) -> ManualResult:
+    request, messages = await last_request(store, conv)
+    model = request.get("model")
+    ex = Exchange(
+        request_id="manual-" + uuid.uuid4().hex[:12],
+        tenant=tenant,
+        conversation=conv,
+        headers={"authorization": authorization} if authorization else {},
+        body={"model": model, "messages": messages},
+        classification=classify(messages),
+        context_window=config.context_window(model if isinstance(model, str) else None),
+        control="force",
+        archived=True,
+    )
+    await stage(ex)
+    if ex.compaction_failed:
+        reason = ex.log_fields.get("session_failure") or "unknown"
+        raise CompactionFailed(f"Compaction failed: {reason}.")
+    if "session" not in ex.layers:
+        skip = ex.log_fields.get("session_skip") or "nothing to compact"
+        raise Conflict(f"Nothing was compacted: {skip}.")
+    current = await store.current_summary(conv)
+    assert current is not None  # the stage just wrote it
+    model_name = model if isinstance(model, str) else None
+    before = stage.counter.count_messages(ex.original, model_name)
+    after = stage.counter.count_messages(ex.messages, model_name)
+    return ManualResult(current.version, current.summary, current.covered, before, after)

@@ -1,0 +1,131 @@
+"""Reading the upstream's answer as it streams past, to archive it.
+
+The bytes go to the client untouched (chat.py forwards every chunk as it arrives);
+this only watches them. SSE is split into lines here, `data:` payloads parsed, and
+the assistant message rebuilt from the deltas: content and refusal concatenated,
+tool calls assembled by index with their arguments joined, the finish reason and
+usage kept. A non-streamed JSON answer is parsed whole. Bounded: past `limit`
+bytes the recorder stops collecting (the stream itself goes on).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class AnswerRecorder:
+    def __init__(self, streamed: bool, limit: int = 8 * 1024 * 1024) -> None:
+        self.streamed = streamed
+        self.limit = limit
+        self.size = 0
+        self.truncated = False
+        self._pending = b""
+        self._body = bytearray()
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.model: str | None = None
+        self.error: Any = None
+
+    def feed(self, chunk: bytes) -> None:
+        if self.truncated:
+            return
+        self.size += len(chunk)
+        if self.size > self.limit:
+            self.truncated = True
+            return
+        if not self.streamed:
+            self._body += chunk
+            return
+        data = self._pending + chunk
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        for line in lines:
+            self._line(line.rstrip(b"\r"))
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].strip()
+        if payload == b"[DONE]" or not payload:
+            return
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return
+        if isinstance(event, dict):
+            self._event(event)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        if "error" in event:
+            self.error = event["error"]
+        self.model = event.get("model") or self.model
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(delta.get("content"), str):
+                self.content.append(delta["content"])
+            if isinstance(delta.get("refusal"), str):
+                self.refusal.append(delta["refusal"])
+            for call in delta.get("tool_calls") or []:
+                if isinstance(call, dict):
+                    self._call(call)
+
+    def _call(self, call: dict[str, Any]) -> None:
+        index = call.get("index", 0)
+        slot = self.tool_calls.setdefault(
+            index if isinstance(index, int) else 0,
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if call.get("id"):
+            slot["id"] = call["id"]
+        function = call.get("function") or {}
+        if isinstance(function.get("name"), str):
+            slot["function"]["name"] += function["name"]
+        if isinstance(function.get("arguments"), str):
+            slot["function"]["arguments"] += function["arguments"]
+
+    def result(self) -> dict[str, Any]:
+        """The archived `response` payload: the assistant message, usage, finish reason."""
+        if not self.streamed:
+            return self._whole()
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return {
+            "message": message,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage,
+            "model": self.model,
+            "error": self.error,
+            "truncated": self.truncated,
+        }
+
+    def _whole(self) -> dict[str, Any]:
+        try:
+            body = json.loads(bytes(self._body)) if not self.truncated else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return {"message": None, "truncated": self.truncated, "unparsed": True}
+        choices = body.get("choices") or [{}]
+        first = choices[0] if isinstance(choices[0], dict) else {}
+        return {
+            "message": first.get("message"),
+            "finish_reason": first.get("finish_reason"),
+            "usage": body.get("usage"),
+            "model": body.get("model"),
+            "error": body.get("error"),
+            "truncated": False,
+        }
