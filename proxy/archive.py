@@ -66,6 +66,10 @@ class Archiver:
         for key in [k for k in self._known if k[0] == conv]:
             del self._known[key]
 
+    def clear(self) -> None:
+        """Forget what is known to be on disk (after a prune deleted conversations)."""
+        self._known.clear()
+
     def event(self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]) -> None:
         self.background(self.store.append_event(conv, type, payload), f"{type} event")
 

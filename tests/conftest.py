@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,13 @@ class LogCapture:
         out = [json.loads(line) for line in self.text.splitlines() if line.strip()]
         return [r for r in out if logger is None or r.get("logger") == logger]
 
-    def access(self) -> list[dict[str, Any]]:
-        return self.records("recap.access")
+    def access(self, expect: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Access lines; waits for `expect` of them, since a line is written just after
+        the response has gone out (the client may read it first)."""
+        deadline = time.monotonic() + timeout
+        while len(lines := self.records("recap.access")) < expect and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return lines
 
 
 @pytest.fixture
