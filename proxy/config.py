@@ -100,6 +100,10 @@ class Summarizer:
     upstream: Upstream | None = None
     timeout_s: float = 120.0
     max_concurrency: int = 4
+    # Restore critical references a summary lost (identifiers, paths, URLs, numbers with
+    # units, error lines, quoted constraints), within this share of max_summary_chars.
+    quality_guard: bool = True
+    guard_max_share: float = 0.25
 
 
 @dataclass(frozen=True)

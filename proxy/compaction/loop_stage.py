@@ -138,6 +138,7 @@ class LoopStage:
                 model=ex.model,
                 authorization=ex.headers.get("authorization"),
                 max_chars=session.max_summary_chars,
+                replaced=messages[span[0] : span[1]],
             )
         except SummarizerFailed as exc:
             ex.compaction_failed = True
@@ -177,6 +178,7 @@ class LoopStage:
             loop_rounds_compacted=covered - plan.covered_rounds,
             summarizer_tokens_in=result.input_tokens,
             summarizer_tokens_out=result.output_tokens,
+            restored_references=result.restored_references,
         )
         await self._audit(ex, plan, "", (before, after), start, result.model)
         await ex.notify("recap compacted")

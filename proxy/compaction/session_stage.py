@@ -157,7 +157,7 @@ class SessionStage:
         summary = applied.summary if applied else ""
         current = head_tail(content_text(body[-1].get("content")), policy.max_item_chars)
         language = detect_language(body)
-        tokens_in = tokens_out = 0
+        tokens_in = tokens_out = restored = 0
         model = ex.model or ""
         failure = ""
         for a, b in plan.batches:
@@ -175,6 +175,7 @@ class SessionStage:
                     model=ex.model,
                     authorization=ex.headers.get("authorization"),
                     max_chars=policy.max_summary_chars,
+                    replaced=body[a:b],
                 )
             except SummarizerFailed as exc:
                 failure = exc.reason
@@ -182,6 +183,7 @@ class SessionStage:
             summary = result.text
             tokens_in += result.input_tokens
             tokens_out += result.output_tokens
+            restored += result.restored_references
             model = result.model
             version = await self.store.add_summary_version(
                 conv,
@@ -217,6 +219,7 @@ class SessionStage:
             - (plan.applied.covered if plan.applied else 0),
             summarizer_tokens_in=tokens_in,
             summarizer_tokens_out=tokens_out,
+            restored_references=restored,
             compaction_ms=duration_ms,
         )
         chars_before = _chars(body[plan.applied.covered if plan.applied else 0 :])

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from proxy.compaction.framing import check_summary, extract_summary
+from proxy.compaction.guard import guard_summary
 from proxy.config import Tenant
 from proxy.scenes import Scene, render
 from proxy.store.base import ConversationRef
@@ -43,6 +45,8 @@ class SummaryResult:
     output_tokens: int
     model: str
     duration_ms: int
+    # References the quality guard put back that the model's summary had lost.
+    restored_references: int = 0
 
 
 class Summarizer:
@@ -62,7 +66,9 @@ class Summarizer:
         model: str | None,
         authorization: str | None,
         max_chars: int,
+        replaced: Sequence[Any] = (),
     ) -> SummaryResult:
+        """One summarizer call; `replaced` are the messages the summary stands for (guarded)."""
         system, user = render(scene, **values)
         chosen = scene.model or model
         if not chosen:
@@ -119,8 +125,13 @@ class Summarizer:
         problem = check_summary(text, finish, max_chars)
         if problem is not None:
             raise SummarizerFailed(problem)
+        restored = 0
+        if tenant.summarizer.quality_guard and replaced:
+            guarded = guard_summary(text, replaced, max_chars, tenant.summarizer.guard_max_share)
+            text, restored = guarded.summary, guarded.restored
         return SummaryResult(
             text=text,
+            restored_references=restored,
             input_tokens=int(usage.get("prompt_tokens") or 0),
             output_tokens=int(usage.get("completion_tokens") or 0),
             model=str(data.get("model") or chosen),

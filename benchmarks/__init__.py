@@ -1,0 +1,1 @@
+"""Benchmark scripts: they print figures; nothing here asserts on timings (see tests/ for that)."""

@@ -1,0 +1,906 @@
+"""What Recap adds to a chat call: latency and throughput against a direct call and a bare proxy.
+
+Outside the data path: a script that prints figures (never a test). Three servers, each in its
+own process on a free 127.0.0.1 port, so that none shares an event loop or a GIL with the load
+generator or with another server:
+
+    fake upstream   a minimal Starlette app: a JSON completion, or an SSE stream of 20 small
+                    chunks, with no artificial delay
+    bare            the floor for this stack: a Starlette route that reads the body and forwards
+                    it with one shared httpx.AsyncClient, streaming the answer back
+    recap           `python -m proxy serve` with its real default stage list, a SQLite store in
+                    a temporary directory, JSON logs to a file
+
+All three run on uvicorn with the settings `proxy/cli.py` uses (same loop and HTTP
+implementation: uvloop/httptools when installed, asyncio/h11 otherwise), so Recap and the
+bare pass-through differ only in their application code.
+
+The request is a realistic 20-message agent history (system prompt, user/assistant turns,
+four tool calls and their results, tool schemas; about 8 KB of JSON). Its last message
+carries a per-request counter, as a live agent's history grows by one message a turn.
+
+Measurements, all interleaved round-robin over the targets (the starting target rotates)
+so that machine noise lands on every target alike:
+  * latency at concurrency 1, JSON and SSE: time to the full response, `--requests` rounds
+    of one request per target per mode. "Added" latency is computed per round (target time
+    minus the direct time of the same round), then its percentiles are taken: pairing
+    cancels slow drifts of the machine, which a difference of two percentiles would not.
+  * requests per second at `--concurrency` with streaming: `--duration-s` per target, cut
+    in `--slice-s` windows that alternate between the targets.
+Warm-up requests are sent first and excluded. Also printed: the CPU time each process spent
+per request in the throughput windows (Linux /proc; on 2 cores the load generator and the
+upstream compete with the proxy, so this is the steadier view of what a request costs it), and
+Recap's own `overhead_ms` (arrival to forwarding) for the c=1 rounds, from its access log.
+`--profile-recap PATH` runs Recap under cProfile (its figures are then not comparable).
+
+Usage (from the repository root):
+    python -m benchmarks.overhead [--requests 400] [--concurrency 16] [--duration-s 10]
+        [--store sqlite | postgresql://...] [--json PATH] [--workdir DIR] [--profile-recap PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+import yaml
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+REPO = Path(__file__).resolve().parent.parent
+TARGETS = ("direct", "bare", "recap")
+MODES = ("json", "stream")
+ADDED_P50_MAX_RATIO = 1.3  # Recap's added p50 over the bare pass-through's
+RPS_MIN_RATIO = 0.9  # Recap's streaming RPS over the bare pass-through's
+NONCE = "@@NONCE@@"
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+class BenchError(Exception):
+    """The benchmark cannot go on (a server did not start, a response was wrong)."""
+
+
+# -- the request ---------------------------------------------------------------------------
+
+
+def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        ],
+    }
+
+
+def _result(call_id: str, value: Any) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(value)}
+
+
+def _tool(name: str, description: str, **props: str) -> dict[str, Any]:
+    properties = {p: {"type": "string", "description": d} for p, d in props.items()}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(props)},
+        },
+    }
+
+
+def chat_history() -> list[dict[str, Any]]:
+    """20 messages shaped like a tau-bench airline session (the last one holds the nonce)."""
+    policy = (
+        "# Airline Agent Policy\n\nThe current time is 2024-05-15 15:00:00 EST.\n\n"
+        "As an airline agent, you can help users book, modify, or cancel flight reservations.\n"
+        "- Before taking any actions that update the booking database, you must list the "
+        "action details and obtain explicit user confirmation (yes) to proceed.\n"
+        "- You should only make one tool call at a time.\n"
+        "- You should deny user requests that are against this policy.\n\n"
+        "## Modify flight\n- The agent must first obtain the user id and the reservation id.\n"
+        "- Basic economy flights cannot be modified. Other reservations can be modified "
+        "without changing the origin, destination, and trip type.\n"
+        "- The user may change cabin class; all flights in the reservation must share it.\n"
+        "- Payment: the user must provide a single gift card or credit card for any fee.\n"
+    ) * 3
+    flight = {
+        "flight_number": "HAT136",
+        "origin": "JFK",
+        "destination": "SEA",
+        "scheduled_departure_time_est": "19:00:00",
+        "status": "available",
+        "available_seats": {"basic_economy": 9, "economy": 14, "business": 3},
+        "prices": {"basic_economy": 87, "economy": 167, "business": 442},
+    }
+    user = {
+        "user_id": "mia_li_3668",
+        "name": {"first_name": "Mia", "last_name": "Li"},
+        "address": {"address1": "975 Sunset Drive", "city": "Austin", "zip": "78750"},
+        "email": "mia.li3818@example.com",
+        "dob": "1990-04-05",
+        "membership": "gold",
+        "payment_methods": {
+            "credit_card_4421486": {"source": "credit_card", "brand": "visa", "last_four": "7447"},
+            "certificate_7504069": {"source": "certificate", "amount": 250},
+        },
+        "reservations": ["NO6JO3", "AIXC49", "HKEG34"],
+    }
+    reservation = {
+        "reservation_id": "NO6JO3",
+        "user_id": "mia_li_3668",
+        "origin": "JFK",
+        "destination": "SEA",
+        "flight_type": "one_way",
+        "cabin": "economy",
+        "flights": [{"flight_number": "HAT100", "date": "2024-05-20", "price": 151}],
+        "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
+        "payment_history": [{"payment_id": "credit_card_4421486", "amount": 151}],
+        "created_at": "2024-05-02T10:11:12",
+        "total_baggages": 1,
+        "nonfree_baggages": 0,
+        "insurance": "no",
+    }
+    return [
+        {"role": "system", "content": policy},
+        {"role": "user", "content": "Hi! I need to move my flight to Seattle to another day."},
+        {"role": "assistant", "content": "Sure. Could you give me your user id, please?"},
+        {"role": "user", "content": "It's mia_li_3668."},
+        _call("call_1", "get_user_details", {"user_id": "mia_li_3668"}),
+        _result("call_1", user),
+        {
+            "role": "assistant",
+            "content": "Thanks, Mia. Which reservation: NO6JO3, AIXC49 or HKEG34?",
+        },
+        {"role": "user", "content": "The JFK to Seattle one, I think NO6JO3."},
+        _call("call_2", "get_reservation_details", {"reservation_id": "NO6JO3"}),
+        _result("call_2", reservation),
+        {
+            "role": "assistant",
+            "content": "NO6JO3 is a one-way economy trip JFK to SEA on "
+            "2024-05-20 on HAT100. Which date would you like?",
+        },
+        {"role": "user", "content": "The 22nd, the evening if possible."},
+        _call(
+            "call_3",
+            "search_direct_flight",
+            {"origin": "JFK", "destination": "SEA", "date": "2024-05-22"},
+        ),
+        _result(
+            "call_3",
+            [
+                flight,
+                {**flight, "flight_number": "HAT039", "scheduled_departure_time_est": "22:00:00"},
+            ],
+        ),
+        {
+            "role": "assistant",
+            "content": "Two direct evening flights on 2024-05-22: HAT136 at "
+            "19:00 (economy $167) and HAT039 at 22:00 (economy "
+            "$167). The fare difference is $16. Which one?",
+        },
+        {"role": "user", "content": "HAT136, economy, pay with the visa card."},
+        {
+            "role": "assistant",
+            "content": "To confirm: NO6JO3 moves to HAT136 on 2024-05-22, "
+            "economy, the $16 difference charged to visa 7447. "
+            "Shall I proceed (yes/no)?",
+        },
+        {"role": "user", "content": "yes"},
+        _call(
+            "call_4",
+            "update_reservation_flights",
+            {
+                "reservation_id": "NO6JO3",
+                "cabin": "economy",
+                "payment_id": "credit_card_4421486",
+                "flights": [{"flight_number": "HAT136", "date": "2024-05-22"}],
+            },
+        ),
+        _result(
+            "call_4",
+            {
+                **reservation,
+                "flights": [{"flight_number": "HAT136", "date": "2024-05-22", "price": 167}],
+                "request": NONCE,
+            },
+        ),
+    ]
+
+
+def body_template(stream: bool) -> bytes:
+    body: dict[str, Any] = {
+        "model": "gpt-4o",
+        "messages": chat_history(),
+        "tools": [
+            _tool("get_user_details", "Get the details of a user.", user_id="The user id."),
+            _tool("get_reservation_details", "Get a reservation.", reservation_id="The id."),
+            _tool(
+                "search_direct_flight",
+                "Search direct flights.",
+                origin="IATA code",
+                destination="IATA code",
+                date="YYYY-MM-DD",
+            ),
+            _tool(
+                "update_reservation_flights",
+                "Change the flights of a reservation.",
+                reservation_id="The id.",
+                cabin="The cabin.",
+                payment_id="The payment id.",
+            ),
+        ],
+        "temperature": 0.0,
+    }
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return json.dumps(body).encode()
+
+
+class Bodies:
+    """Request bodies, each with its own counter in the last message."""
+
+    def __init__(self) -> None:
+        self.templates = {mode: body_template(mode == "stream") for mode in MODES}
+        self.n = 0
+
+    def next(self, mode: str) -> bytes:
+        self.n += 1
+        return self.templates[mode].replace(NONCE.encode(), str(self.n).encode())
+
+
+# -- the servers (each runs in its own process, see `serve`) --------------------------------
+
+
+def upstream_app() -> Starlette:
+    """A fake OpenAI upstream with pre-encoded answers, so that it costs as little as it can."""
+    base = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "gpt-4o",
+    }
+    words = "Done: NO6JO3 now flies HAT136 on 2024-05-22 in economy, $16 charged to your visa."
+    deltas = [{"role": "assistant", "content": ""}] + [{"content": w + " "} for w in words.split()]
+    events = [
+        {**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
+    ]
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    usage = {"prompt_tokens": 2400, "completion_tokens": 20, "total_tokens": 2420}
+    events.append({**base, "choices": [], "usage": usage})
+    chunks = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+    choice = {
+        "index": 0,
+        "finish_reason": "stop",
+        "message": {"role": "assistant", "content": words},
+    }
+    completion = json.dumps(
+        {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+    ).encode()
+
+    async def sse() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    async def chat(request: Request) -> Response:
+        body = json.loads(await request.body())
+        if body.get("stream"):
+            return StreamingResponse(sse(), media_type="text/event-stream")
+        return Response(completion, media_type="application/json")
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    return Starlette(
+        routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", healthz)]
+    )
+
+
+def bare_app(upstream: str) -> Starlette:
+    """The floor: read the body, forward it with one shared client, stream the answer back."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, httpx.AsyncClient]]:
+        # The pool and timeouts of Recap's upstream client (proxy/upstream.py).
+        limits = httpx.Limits(
+            max_connections=512, max_keepalive_connections=512, keepalive_expiry=30
+        )
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(30, connect=10), limits=limits, trust_env=False
+        ) as client:
+            yield {"client": client}
+
+    async def forward(request: Request) -> Response:
+        client: httpx.AsyncClient = request.state.client
+        body = await request.body()
+        headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP]
+        out = client.build_request(
+            request.method, upstream + request.url.path, headers=headers, content=body
+        )
+        response = await client.send(out, stream=True)
+        back = {
+            k: v for k, v in response.headers.items() if k not in HOP_BY_HOP - {"content-length"}
+        }
+        return StreamingResponse(
+            response.aiter_raw(),
+            status_code=response.status_code,
+            headers=back,
+            background=BackgroundTask(response.aclose),
+        )
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    return Starlette(
+        routes=[Route("/healthz", healthz), Route("/v1/{path:path}", forward, methods=["POST"])],
+        lifespan=lifespan,
+    )
+
+
+def serve(kind: str, port: int, upstream: str) -> None:
+    """Run one benchmark server in this process, with the uvicorn settings of `recap serve`."""
+    app = upstream_app() if kind == "upstream" else bare_app(upstream)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        server_header=False,
+        date_header=False,
+    )
+
+
+# -- process management ---------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redact(url: str) -> str:
+    """A store URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in creds:
+        return url
+    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            text = self.log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+@contextlib.contextmanager
+def running(name: str, cmd: Sequence[str], port: int, workdir: Path) -> Iterator[Server]:
+    """Start a server process, wait until /healthz answers, stop it (SIGINT, then kill)."""
+    log = workdir / f"{name}.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+    server = Server(name, f"http://127.0.0.1:{port}", proc, log)
+    try:
+        deadline = time.monotonic() + 30
+        with httpx.Client(trust_env=False, timeout=2) as client:
+            while True:
+                if proc.poll() is not None:
+                    raise BenchError(
+                        f"{name} exited with code {proc.returncode} before it was "
+                        f"ready; the end of its log ({log}):\n{server.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(server.url + "/healthz").status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise BenchError(
+                        f"{name} did not answer /healthz within 30 s:\n{server.log_tail()}"
+                    )
+                time.sleep(0.05)
+        yield server
+    finally:
+        if proc.poll() is None:
+            # SIGINT, not SIGTERM: uvicorn shuts down gracefully on both, then re-raises the
+            # signal, and only SIGINT (KeyboardInterrupt) lets cProfile write its stats.
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def recap_config(upstream: str, store: str, workdir: Path) -> Path:
+    """A minimal config: one open tenant forwarding to the fake upstream, defaults otherwise."""
+    url = f"sqlite:///{workdir / 'recap.db'}" if store == "sqlite" else store
+    data = {
+        "store": url,
+        "scenes_dir": str(REPO / "scenes"),
+        "tenants": {
+            "default": {"api_keys": [], "upstream": {"base_url": upstream + "/v1", "timeout_s": 30}}
+        },
+    }
+    path = workdir / "recap.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+# -- the load generator ----------------------------------------------------------------------
+
+
+HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+
+
+async def timed(client: httpx.AsyncClient, url: str, body: bytes, mode: str) -> float:
+    """Seconds from sending the request to the last byte of the answer (checked)."""
+    start = time.perf_counter()
+    async with client.stream("POST", url, content=body, headers=HEADERS) as response:
+        tail = b""
+        async for chunk in response.aiter_raw():
+            tail = (tail + chunk)[-64:]
+    elapsed = time.perf_counter() - start
+    ok = tail.endswith(b"data: [DONE]\n\n") if mode == "stream" else tail.endswith(b"}")
+    if response.status_code != 200 or not ok:
+        raise BenchError(f"{url} ({mode}) answered {response.status_code}, ending {tail!r}")
+    return elapsed
+
+
+def rotated(items: Sequence[str], n: int) -> list[str]:
+    k = n % len(items)
+    return [*items[k:], *items[:k]]
+
+
+async def latency_rounds(
+    client: httpx.AsyncClient, urls: dict[str, str], bodies: Bodies, rounds: int
+) -> dict[str, dict[str, list[float]]]:
+    """Concurrency 1: each round sends one request per target and mode, in rotating order."""
+    times: dict[str, dict[str, list[float]]] = {m: {t: [] for t in urls} for m in MODES}
+    for r in range(rounds):
+        for mode in rotated(MODES, r):
+            for target in rotated(list(urls), r):
+                times[mode][target].append(
+                    await timed(client, urls[target], bodies.next(mode), mode)
+                )
+    return times
+
+
+async def window(
+    client: httpx.AsyncClient, url: str, bodies: Bodies, workers: int, seconds: float
+) -> tuple[int, float]:
+    """`workers` streaming clients for `seconds` (requests in flight then are let finish)."""
+    start = time.perf_counter()
+    deadline = start + seconds
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await timed(client, url, bodies.next("stream"), "stream")
+            done += 1
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return done, time.perf_counter() - start
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process (Linux /proc; 0 where it cannot be read)."""
+    if pid is None:
+        return time.process_time()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Throughput:
+    rps: dict[str, float]
+    # target -> process ("loadgen", "proxy", "upstream") -> CPU ms per request in its windows
+    cpu_ms: dict[str, dict[str, float]]
+
+
+async def throughput(
+    client: httpx.AsyncClient,
+    urls: dict[str, str],
+    pids: dict[str, int],
+    bodies: Bodies,
+    args: argparse.Namespace,
+) -> Throughput:
+    """Requests per second per target from alternating windows, and the CPU each process spent.
+
+    CPU per request shows what a request costs each process even when the load generator,
+    not the proxy, is what saturates a 2-core machine.
+    """
+    done = dict.fromkeys(urls, 0)
+    spent = dict.fromkeys(urls, 0.0)
+    roles = {"loadgen": None, "upstream": pids["direct"]}
+    cpu = {t: dict.fromkeys([*roles, "proxy"], 0.0) for t in urls}
+    for n in range(max(1, math.ceil(args.duration_s / args.slice_s))):
+        for target in rotated(list(urls), n):
+            procs = {**roles, **({} if target == "direct" else {"proxy": pids[target]})}
+            before = {role: cpu_seconds(pid) for role, pid in procs.items()}
+            count, elapsed = await window(
+                client, urls[target], bodies, args.concurrency, args.slice_s
+            )
+            for role, pid in procs.items():
+                cpu[target][role] += cpu_seconds(pid) - before[role]
+            done[target] += count
+            spent[target] += elapsed
+    return Throughput(
+        rps={t: done[t] / spent[t] for t in urls},
+        cpu_ms={t: {r: 1000 * c / max(done[t], 1) for r, c in cpu[t].items()} for t in urls},
+    )
+
+
+# -- figures ---------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass
+class Figures:
+    latency: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    rps: dict[str, float] = field(default_factory=dict)
+    cpu_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Which of Recap's requests (in its log's order) were the sequential latency rounds.
+    recap_c1: tuple[int, int] = (0, 0)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+
+
+def summarize(
+    times: dict[str, dict[str, list[float]]], tp: Throughput, concurrency: int
+) -> Figures:
+    rps = tp.rps
+    figures = Figures(rps={t: round(v, 1) for t, v in rps.items()}, cpu_ms=tp.cpu_ms)
+    for mode, by_target in times.items():
+        direct = by_target["direct"]
+        figures.latency[mode] = {}
+        for target, values in by_target.items():
+            added = [a - b for a, b in zip(values, direct, strict=True)]
+            figures.latency[mode][target] = {
+                "n": len(values),
+                "p50_ms": percentile(values, 50) * 1000,
+                "p99_ms": percentile(values, 99) * 1000,
+                "added_p50_ms": percentile(added, 50) * 1000,
+                "added_p99_ms": percentile(added, 99) * 1000,
+                # The less robust alternative, for reference: p50(target) - p50(direct).
+                "p50_minus_direct_p50_ms": (percentile(values, 50) - percentile(direct, 50)) * 1000,
+            }
+        recap = figures.latency[mode]["recap"]["added_p50_ms"]
+        limit = ADDED_P50_MAX_RATIO * figures.latency[mode]["bare"]["added_p50_ms"]
+        name = f"added p50 ({mode}): recap <= {ADDED_P50_MAX_RATIO}x bare"
+        figures.verdicts.append(
+            {"target": name, "recap": recap, "limit": limit, "pass": recap <= limit}
+        )
+    limit = RPS_MIN_RATIO * rps["bare"]
+    name = f"RPS stream at c={concurrency}: recap >= {RPS_MIN_RATIO}x bare"
+    figures.verdicts.append(
+        {"target": name, "recap": rps["recap"], "limit": limit, "pass": rps["recap"] >= limit}
+    )
+    return figures
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "n/a"
+
+
+def table(figures: Figures, concurrency: int) -> str:
+    lines = [
+        f"| target | mode | p50 ms | p99 ms | added p50 ms | added p99 ms | added p50 vs bare "
+        f"| RPS c={concurrency} stream | RPS vs bare |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for target in TARGETS:
+        for mode in MODES:
+            f = figures.latency[mode][target]
+            bare = figures.latency[mode]["bare"]["added_p50_ms"]
+            direct = target == "direct"
+            rps = f"{figures.rps[target]:.0f}" if mode == "stream" else ""
+            rps_ratio = ratio(figures.rps[target], figures.rps["bare"]) if mode == "stream" else ""
+            lines.append(
+                f"| {target} | {mode} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} | "
+                + (
+                    "— | — | — | "
+                    if direct
+                    else f"{f['added_p50_ms']:.2f} | {f['added_p99_ms']:.2f} | "
+                    f"{ratio(f['added_p50_ms'], bare)} | "
+                )
+                + f"{rps} | {rps_ratio} |"
+            )
+    return "\n".join(lines)
+
+
+def cpu_table(figures: Figures, concurrency: int) -> str:
+    lines = [
+        f"| CPU ms per request, c={concurrency} stream | load generator | proxy | upstream |",
+        "|---|--:|--:|--:|",
+    ]
+    for target in TARGETS:
+        cpu = figures.cpu_ms[target]
+        proxy = "—" if target == "direct" else f"{cpu['proxy']:.2f}"
+        lines.append(f"| {target} | {cpu['loadgen']:.2f} | {proxy} | {cpu['upstream']:.2f} |")
+    return "\n".join(lines)
+
+
+def recap_log_figures(log: Path, rows: tuple[int, int]) -> dict[str, float]:
+    """Recap's own view of the latency rounds (c=1): its access log's `overhead_ms` (time from
+    the request's arrival to forwarding it) and `total_ms`."""
+    records: list[dict[str, Any]] = []
+    with contextlib.suppress(OSError), log.open(encoding="utf-8") as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if record.get("logger") == "recap.access" and "overhead_ms" in record:
+                    records.append(record)
+    picked = records[rows[0] : rows[1]]
+    if not picked:
+        return {}
+    overhead = [float(r["overhead_ms"]) for r in picked]
+    total = [float(r.get("total_ms", 0.0)) for r in picked]
+    return {
+        "requests": len(picked),
+        "overhead_ms_p50": percentile(overhead, 50),
+        "overhead_ms_p99": percentile(overhead, 99),
+        "total_ms_p50": percentile(total, 50),
+    }
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def command_line(argv: Sequence[str]) -> str:
+    as_module = __spec__ is not None and __spec__.name == "benchmarks.overhead"
+    head = "python -m benchmarks.overhead" if as_module else "python benchmarks/overhead.py"
+    return " ".join([head, *map(shlex.quote, argv)])
+
+
+def effective_command(args: argparse.Namespace) -> str:
+    return (
+        f"python -m benchmarks.overhead --requests {args.requests} --warmup {args.warmup} "
+        f"--concurrency {args.concurrency} --duration-s {args.duration_s} "
+        f"--slice-s {args.slice_s} --store {shlex.quote(redact(args.store))}"
+    )
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return rev.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def stack() -> str:
+    fast = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m)]
+    impl = " + ".join(fast) if fast else "asyncio + h11 (uvloop, httptools not installed)"
+    return f"uvicorn {uvicorn.__version__} loop=auto http=auto: {impl}; httpx {httpx.__version__}"
+
+
+async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> Figures:
+    bodies = Bodies()
+    limits = httpx.Limits(max_connections=args.concurrency * 2, keepalive_expiry=60)
+    async with httpx.AsyncClient(limits=limits, timeout=30, trust_env=False) as client:
+        print(f"warm-up: {args.warmup} rounds ...", file=sys.stderr, flush=True)
+        sent = 0
+        for target in urls:  # fill every pool on the path with `concurrency` connections
+            count, _ = await window(
+                client, urls[target], bodies, args.concurrency, min(1.0, args.slice_s)
+            )
+            sent += count if target == "recap" else 0
+        await latency_rounds(client, urls, bodies, args.warmup)
+        sent += len(MODES) * args.warmup
+        print(f"latency: {args.requests} rounds at c=1 ...", file=sys.stderr, flush=True)
+        times = await latency_rounds(client, urls, bodies, args.requests)
+        print(
+            f"throughput: {args.duration_s} s per target at c={args.concurrency} ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        tp = await throughput(client, urls, pids, bodies, args)
+    figures = summarize(times, tp, args.concurrency)
+    figures.recap_c1 = (sent, sent + len(MODES) * args.requests)
+    return figures
+
+
+def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
+    print(f"$ {command_line(argv)}")
+    print(f"(all options: {effective_command(args)})")
+    print(
+        f"revision {git_revision()}; Python {platform.python_version()}; {os.cpu_count()} "
+        f"cores; {stack()}"
+    )
+    sizes = {m: len(Bodies().next(m)) for m in MODES}
+    print(
+        f"request: 20 messages, {sizes['json']} bytes of JSON; store: {redact(args.store)}\n",
+        flush=True,
+    )
+    me = [sys.executable, str(Path(__file__).resolve()), "--serve"]
+    up_port, bare_port, recap_port = free_port(), free_port(), free_port()
+    with contextlib.ExitStack() as stack_:
+        upstream = stack_.enter_context(
+            running("upstream", [*me, "upstream", "--port", str(up_port)], up_port, workdir)
+        )
+        bare = stack_.enter_context(
+            running(
+                "bare",
+                [*me, "bare", "--port", str(bare_port), "--upstream", upstream.url],
+                bare_port,
+                workdir,
+            )
+        )
+        config = recap_config(upstream.url, args.store, workdir)
+        profile = (
+            ["-m", "cProfile", "-o", str(Path(args.profile_recap).resolve())]
+            if args.profile_recap
+            else []
+        )
+        serve_recap = shlex.split("-m proxy serve --host 127.0.0.1 --log-format json --config")
+        recap_cmd = [sys.executable, *profile, *serve_recap, str(config), "--port", str(recap_port)]
+        recap = stack_.enter_context(running("recap", recap_cmd, recap_port, workdir))
+        urls = {
+            t: s.url + "/v1/chat/completions"
+            for t, s in (("direct", upstream), ("bare", bare), ("recap", recap))
+        }
+        pids = {"direct": upstream.proc.pid, "bare": bare.proc.pid, "recap": recap.proc.pid}
+        figures = asyncio.run(measure(urls, pids, args))
+    print(table(figures, args.concurrency))
+    print()
+    print(cpu_table(figures, args.concurrency))
+    print()
+    for v in figures.verdicts:
+        print(
+            f"{'PASS' if v['pass'] else 'MISS'}  {v['target']}: recap {v['recap']:.2f}, "
+            f"limit {v['limit']:.2f}"
+        )
+    logged = recap_log_figures(recap.log, figures.recap_c1)
+    if logged:
+        print(
+            f"\nrecap's access log, c=1 rounds: time from arrival to forwarding p50 "
+            f"{logged['overhead_ms_p50']:.2f} ms, p99 {logged['overhead_ms_p99']:.2f} ms; "
+            f"total p50 {logged['total_ms_p50']:.2f} ms"
+        )
+    print(
+        "\nadded = per-round (target - direct) latency, then its percentile; RPS from "
+        f"{args.slice_s:g} s windows alternating between targets."
+    )
+    if args.json:
+        out = {
+            "command": command_line(argv),
+            "options": effective_command(args),
+            "revision": git_revision(),
+            "python": platform.python_version(),
+            "cores": os.cpu_count(),
+            "stack": stack(),
+            "request_bytes": sizes,
+            "latency_ms": figures.latency,
+            "rps_stream": figures.rps,
+            "cpu_ms_per_request_stream": figures.cpu_ms,
+            "verdicts": figures.verdicts,
+            "recap_log": logged,
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.overhead", description="Recap's added latency and throughput."
+    )
+    p.add_argument("--requests", type=int, default=400, help="latency rounds at c=1 (default 400)")
+    p.add_argument("--warmup", type=int, default=30, help="warm-up rounds, excluded (default 30)")
+    p.add_argument("--concurrency", type=int, default=16, help="streaming clients (default 16)")
+    p.add_argument("--duration-s", type=float, default=10.0, help="throughput seconds per target")
+    p.add_argument("--slice-s", type=float, default=1.0, help="throughput window (default 1 s)")
+    p.add_argument("--store", default="sqlite", help="sqlite (a temp file) or a postgresql:// URL")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--workdir", help="keep config, database and logs here (default: a temp dir)")
+    p.add_argument(
+        "--profile-recap",
+        metavar="PATH",
+        help="run Recap under cProfile, stats to PATH (its figures are then skewed)",
+    )
+    p.add_argument("--serve", choices=["upstream", "bare"], help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--upstream", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.store != "sqlite" and not args.store.startswith(("postgresql://", "postgres://")):
+        p.error("--store must be sqlite or a postgresql:// URL")
+    for name in ("requests", "concurrency"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if args.duration_s <= 0 or args.slice_s <= 0 or args.warmup < 0:
+        p.error("--duration-s and --slice-s must be positive, --warmup not negative")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.serve:
+        serve(args.serve, args.port, args.upstream or "")
+        return 0
+    try:
+        if args.workdir:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+            return run(args, argv, Path(args.workdir).resolve())
+        with tempfile.TemporaryDirectory(prefix="recap-bench-") as tmp:
+            return run(args, argv, Path(tmp))
+    except BenchError as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

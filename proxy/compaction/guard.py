@@ -1,0 +1,109 @@
+"""The quality guard: a summary may not silently lose the span's critical references.
+
+Part of the summarizer step, before a summary is accepted. Pure. From the messages a
+summary replaces it extracts what an agent cannot re-derive (identifiers such as
+user, order, reservation or flight ids, paths, URLs, numbers with units, error
+lines, constraints the user put in quotes); those the summary does not contain are
+appended verbatim to its Important References section, within a bounded share of
+`max_summary_chars`, most important first (what the user and the assistant said
+beats what a tool printed; more mentions beat fewer).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.compaction.transcript import content_text
+
+SECTION = "## Important References"
+
+_URL = re.compile(r"https?://[^\s\"'<>)\]]+")
+_PATH = re.compile(
+    r"(?<![\w/])(?:~?/)?(?:[\w.-]+/)+[\w.-]+\.\w{1,8}\b|(?<![\w/])/(?:[\w.-]+/)+[\w.-]+"
+)
+# Tokens with both a letter and a digit (or digits joined by _ or -), 4+ chars: ids.
+_IDENT = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9][\w-]{3,63}\b")
+_NUMBER_UNIT = re.compile(
+    r"(?:[$€£¥]\s?\d[\d,]*(?:\.\d+)?)|(?:\b\d[\d,]*(?:\.\d+)?\s?"
+    r"(?:%|ms|s|sec|min|h|kb|mb|gb|tb|kg|g|km|m|usd|eur|gbp|cny|rmb|元|天|小时|分钟)\b)",
+    re.IGNORECASE,
+)
+_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b")
+_ERROR_LINE = re.compile(
+    r"^.*\b(?:error|exception|traceback|failed|failure)\b.*$", re.IGNORECASE | re.MULTILINE
+)
+_QUOTED = re.compile(r"\"([^\"\n]{4,200})\"|“([^”\n]{4,200})”|「([^」\n]{4,200})」")
+
+MAX_REF_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Guarded:
+    summary: str
+    restored: int
+    missing: int
+
+
+def _texts(message: Any) -> tuple[str, list[str]]:
+    """(role, texts) of a message: content, plus tool-call names and arguments."""
+    if not isinstance(message, dict):
+        return "", []
+    role = str(message.get("role") or "")
+    texts = [content_text(message.get("content"))]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            texts.append(str(function.get("arguments") or ""))
+    return role, texts
+
+
+def critical_references(messages: Sequence[Any]) -> list[str]:
+    """The span's references, most important first."""
+    score: dict[str, float] = {}
+    order: dict[str, int] = {}
+
+    def add(ref: str, weight: float) -> None:
+        ref = ref.strip().rstrip(".,;:")
+        if len(ref) < 3 or len(ref) > MAX_REF_CHARS:
+            return
+        order.setdefault(ref, len(order))
+        score[ref] = score.get(ref, 0.0) + weight
+
+    for message in messages:
+        role, texts = _texts(message)
+        weight = 1.0 if role == "tool" else 3.0
+        for text in texts:
+            if role == "user":
+                for m in _QUOTED.finditer(text):
+                    add(next(g for g in m.groups() if g), 10.0)
+            for pattern in (_URL, _PATH, _IDENT, _DATE, _NUMBER_UNIT):
+                for m in pattern.finditer(text):
+                    add(m.group(0), weight)
+            for m in _ERROR_LINE.finditer(text):
+                add(m.group(0)[:MAX_REF_CHARS], weight)
+    return sorted(score, key=lambda r: (-score[r], order[r]))
+
+
+def guard_summary(summary: str, replaced: Sequence[Any], max_chars: int, share: float) -> Guarded:
+    """Append the references the summary lost, within `share` of `max_chars`."""
+    missing = [r for r in critical_references(replaced) if r not in summary]
+    if not missing:
+        return Guarded(summary, 0, 0)
+    budget = int(max_chars * share)
+    lines: list[str] = []
+    used = 0
+    for ref in missing:
+        line = f"- {ref}"
+        if used + len(line) + 1 > budget:
+            continue
+        lines.append(line)
+        used += len(line) + 1
+    if not lines:
+        return Guarded(summary, 0, len(missing))
+    text = summary.rstrip()
+    if SECTION not in text:
+        text += f"\n\n{SECTION}"
+    return Guarded(text + "\n" + "\n".join(lines), len(lines), len(missing))
