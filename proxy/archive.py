@@ -1,31 +1,37 @@
-"""The lossless archive on the data path: originals first, events after.
+"""The lossless archive on the data path: originals before any compaction, events after.
 
-    archive stage (first)  every message the client sent that the archive lacks is
-                           written before any compaction may run; if that write fails,
-                           the request is not compacted at all (seed 002 §5.5)
-    record stage (last)    the `request` event: which messages came, which went
-                           upstream (synthetic ones, such as summaries and trimmed
-                           placeholders, are archived too), written in the background
-    after the response     the `response` event: the assistant output (rebuilt from the
-                           SSE stream when streamed), usage and finish reason
+    archive stage (first)   fingerprints every message the client sent and notes the
+                            ones the archive lacks; nothing is written yet
+    a compacting stage      calls `exchange.ensure_archived()` first: the originals
+                            are written before any summary, placeholder or drop that
+                            replaces them, and if that write fails the stage does not
+                            compact (seed 002 §5.5)
+    after the response      queued for the background writer: the originals still
+                            unwritten, the synthetic messages sent (summaries,
+                            placeholders), and the `request`, `trim` and `response` events;
+                            the writer puts everything queued into one transaction
 
-Event payloads reference messages by fingerprint; the messages table holds each
-distinct message of a conversation once. Background writes never fail a request:
-they are logged, and `drain` waits for them at shutdown.
+So a request that compacts nothing costs no write on its way upstream, and under
+load many requests share one write. Event
+payloads reference messages by fingerprint; the messages table holds each distinct
+message of a conversation once. Background writes never fail a request: they are
+logged, and `drain` waits for them at shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
-from proxy.messages import Message, fingerprint
-from proxy.pipeline import Exchange
-from proxy.store.base import ConversationRef, EventType, Store, StoreError
+from proxy.fingerprints import FingerprintCache
+from proxy.messages import Message
+from proxy.pipeline import Exchange, History
+from proxy.store.base import ConversationRef, EventType, ExchangeRecord, Store, StoreError
 
 log = logging.getLogger("recap.archive")
 
@@ -38,14 +44,19 @@ class Archiver:
     def __init__(self, store: Store, known_limit: int = 200_000) -> None:
         self.store = store
         # (conversation, fingerprint) pairs known to be on disk: most of a re-sent
-        # history is, so most requests write one or two messages, not all of them.
+        # history is, so most requests archive one or two messages, not all of them.
         self._known: OrderedDict[tuple[ConversationRef, str], None] = OrderedDict()
         self._known_limit = known_limit
         self._tasks: set[asyncio.Task[None]] = set()
+        self._queue: list[ExchangeRecord] = []
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self.max_batch = 256
 
-    async def archive(self, conv: ConversationRef, messages: Sequence[Message]) -> list[str]:
-        """Write what the archive lacks; returns every message's fingerprint, in order."""
-        fps = [fingerprint(m) for m in messages]
+    def missing(
+        self, conv: ConversationRef, fps: Sequence[str], messages: Sequence[Message]
+    ) -> list[tuple[str, str]]:
+        """(fingerprint, json) of the messages not known to be archived, each once."""
         rows: dict[str, str] = {}
         for fp, m in zip(fps, messages, strict=True):
             key = (conv, fp)
@@ -53,18 +64,18 @@ class Archiver:
                 self._known.move_to_end(key)
             elif fp not in rows:
                 rows[fp] = message_json(m)
-        if rows:
-            await self.store.archive_messages(conv, list(rows.items()))
-            for fp in rows:
-                self._known[(conv, fp)] = None
-            while len(self._known) > self._known_limit:
-                self._known.popitem(last=False)
-        return fps
+        return list(rows.items())
 
-    def forget(self, conv: ConversationRef) -> None:
-        """After a prune deleted the conversation, its messages are no longer on disk."""
-        for key in [k for k in self._known if k[0] == conv]:
-            del self._known[key]
+    def _remember(self, conv: ConversationRef, rows: Sequence[tuple[str, str]]) -> None:
+        for fp, _ in rows:
+            self._known[(conv, fp)] = None
+        while len(self._known) > self._known_limit:
+            self._known.popitem(last=False)
+
+    async def write(self, conv: ConversationRef, rows: Sequence[tuple[str, str]]) -> None:
+        if rows:
+            await self.store.archive_messages(conv, rows)
+            self._remember(conv, rows)
 
     def clear(self) -> None:
         """Forget what is known to be on disk (after a prune deleted conversations)."""
@@ -73,62 +84,15 @@ class Archiver:
     def event(self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]) -> None:
         self.background(self.store.append_event(conv, type, payload), f"{type} event")
 
-    def background(self, work: Coroutine[Any, Any, Any], what: str) -> None:
-        async def run() -> None:
-            try:
-                await work
-            except StoreError as exc:
-                log.warning("archive write failed (%s): %s", what, exc)
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def drain(self, timeout: float = 10.0) -> None:
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout)
-
-
-class ArchiveOriginals:
-    """First stage: the originals are on disk before anything is compacted."""
-
-    name = "archive"
-
-    def __init__(self, archiver: Archiver) -> None:
-        self.archiver = archiver
-
-    async def __call__(self, ex: Exchange, /) -> None:
-        try:
-            ex.fingerprints = await self.archiver.archive(ex.conversation, ex.original)
-        except StoreError as exc:
-            # Ordering rule: no archive, no compaction; the request goes as it came.
-            ex.control = "off"
-            ex.log_fields["archive_error"] = str(exc)
-            ex.response_headers["x-recap-compaction"] = "none"
-            log.warning("archive write failed, request not compacted: %s", exc)
-            return
-        ex.archived = True
-
-
-class RecordRequest:
-    """Last stage: the `request` event, written after the request has gone upstream."""
-
-    name = "record"
-
-    def __init__(self, archiver: Archiver) -> None:
-        self.archiver = archiver
-
-    async def __call__(self, ex: Exchange, /) -> None:
-        if not ex.archived:
-            return
+    def finish(self, ex: Exchange, answer: Mapping[str, Any] | None) -> None:
+        """After the response: the rest of the originals, what was sent, and the events."""
         conv = ex.conversation
-        outgoing = ex.messages
-        archiver = self.archiver
-
-        async def write() -> None:
-            sent = ex.fingerprints if not ex.changed else await archiver.archive(conv, outgoing)
-            await archiver.store.append_event(
-                conv,
+        rows = list(ex.unarchived)
+        sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
+        if ex.changed:
+            rows += self.missing(conv, sent, ex.messages)
+        events: list[tuple[EventType, Mapping[str, Any]]] = [
+            (
                 "request",
                 {
                     "request_id": ex.request_id,
@@ -142,17 +106,88 @@ class RecordRequest:
                     "tokens_after": ex.log_fields.get("input_tokens"),
                 },
             )
-
-            if ex.trimmed:
-                await archiver.store.append_event(
-                    conv,
+        ]
+        if ex.trimmed:
+            events.append(
+                (
                     "trim",
                     {
                         "request_id": ex.request_id,
-                        "trimmed": ex.log_fields.get("trimmed_results"),
+                        "trimmed": len(ex.trimmed),
                         "saved_chars": ex.log_fields.get("trimmed_chars_saved"),
                         "originals": ex.trimmed,
                     },
                 )
+            )
+        if answer is not None:
+            events.append(("response", {"request_id": ex.request_id, **answer}))
 
-        archiver.background(write(), "request event")
+        self._queue.append(ExchangeRecord(conv, rows, events))
+        self._wake.set()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_queued())
+
+    async def _write_queued(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                # Taken off the queue only once written, so `drain` sees work in flight.
+                batch = self._queue[: self.max_batch]
+                try:
+                    await self.store.record_exchanges(batch)
+                except StoreError as exc:
+                    log.warning("archive write failed (%d request records): %s", len(batch), exc)
+                else:
+                    for record in batch:
+                        self._remember(record.conversation, record.messages)
+                del self._queue[: len(batch)]
+
+    def background(self, work: Coroutine[Any, Any, Any], what: str) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except StoreError as exc:
+                log.warning("archive write failed (%s): %s", what, exc)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        """Wait (bounded) for queued and background writes, then stop the writer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (self._queue or self._tasks) and loop.time() < deadline:
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=deadline - loop.time())
+            else:
+                await asyncio.sleep(0.01)
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+
+
+class ArchiveOriginals:
+    """First stage: fingerprint the client's messages; note what the archive lacks."""
+
+    name = "archive"
+
+    def __init__(self, archiver: Archiver, fingerprints: FingerprintCache) -> None:
+        self.archiver = archiver
+        self.cache = fingerprints
+
+    async def __call__(self, ex: Exchange, /) -> None:
+        ident = self.cache.identity(ex.conversation, ex.original)
+        fps = ex.fingerprints = ident.fingerprints
+        ex.measure.seed(ex.original, fps)
+        p = ident.pinned
+        ex.identity = History(ex.original[:p], ex.original[p:], ident.chain)
+        ex.unarchived = self.archiver.missing(ex.conversation, fps, ex.original)
+        archiver = self.archiver
+
+        async def write_now() -> None:
+            await archiver.write(ex.conversation, ex.unarchived)
+
+        ex.archive_now = write_now

@@ -21,6 +21,7 @@ from proxy.config import Tenant
 from proxy.errors import RecapError
 from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
+from proxy.measure import Measure
 from proxy.messages import classify
 from proxy.pipeline import Control, Exchange
 from proxy.relay import (
@@ -97,6 +98,7 @@ class ChatCompletions:
                 )
             else:
                 conv = conversation_ref(config, tenant, headers, body)
+                model = body.get("model") if isinstance(body.get("model"), str) else None
                 exchange = Exchange(
                     request_id=fields["request_id"],
                     tenant=tenant,
@@ -104,9 +106,8 @@ class ChatCompletions:
                     headers=headers,
                     body=body,
                     classification=classify(body["messages"]),
-                    context_window=config.context_window(
-                        body.get("model") if isinstance(body.get("model"), str) else None
-                    ),
+                    context_window=config.context_window(model),
+                    measure=Measure(state.counter, model),
                     control=control_of(headers),
                     log_fields=fields,
                 )
@@ -165,7 +166,7 @@ class ChatCompletions:
             await responder.error(err)
             return
         recorder = None
-        if exchange is not None and exchange.archived:
+        if exchange is not None and exchange.archive_now is not None:
             ctype = response.headers.get("content-type", "")
             recorder = AnswerRecorder(streamed=ctype.startswith("text/event-stream"))
         try:
@@ -174,8 +175,8 @@ class ChatCompletions:
         finally:
             await response.aclose()
             if recorder is not None and exchange is not None:
-                answer = {"request_id": exchange.request_id, "status": response.status_code}
-                state.archiver.event(exchange.conversation, "response", answer | recorder.result())
+                answer = {"status": response.status_code} | recorder.result()
+                state.archiver.finish(exchange, answer)
 
     async def _relay(
         self,

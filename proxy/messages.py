@@ -71,10 +71,15 @@ def split_pinned(messages: Sequence[Message]) -> tuple[list[Message], list[Messa
 
 def chain_hashes(messages: Sequence[Message]) -> list[str]:
     """Rolling hash after each message: chain[i] identifies messages[: i + 1] as a whole."""
+    return chain_of([fingerprint(m) for m in messages])
+
+
+def chain_of(fingerprints: Sequence[str]) -> list[str]:
+    """chain_hashes from fingerprints already computed."""
     out: list[str] = []
     h = ""
-    for m in messages:
-        h = hashlib.sha256((h + fingerprint(m)).encode("ascii")).hexdigest()
+    for fp in fingerprints:
+        h = hashlib.sha256((h + fp).encode("ascii")).hexdigest()
         out.append(h)
     return out
 

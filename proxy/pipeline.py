@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from proxy.config import Tenant
+from proxy.measure import Measure
 from proxy.messages import Classification, Message, chain_hashes, split_pinned
-from proxy.store.base import ConversationRef
+from proxy.store.base import ConversationRef, StoreError
 
 log = logging.getLogger("recap.pipeline")
 
@@ -42,6 +43,7 @@ class Exchange:
     body: dict[str, Any]
     classification: Classification
     context_window: int
+    measure: Measure
     control: Control = "auto"
     messages: list[Message] = field(default_factory=list)
     # Keep-alive / progress notes for the client (SSE comments when streaming).
@@ -51,16 +53,18 @@ class Exchange:
     response_headers: dict[str, str] = field(default_factory=dict)
     # Layers that changed the outgoing view, in order ("session", "loop", "trim", ...).
     layers: list[str] = field(default_factory=list)
-    # Set by the archive stage: the originals are on disk (compaction may run), and
-    # the fingerprints of the client's messages, in order.
-    archived: bool = False
     # Index in `messages` of the last summary message a stage inserted (protected by
     # the last-resort fit), and whether a compaction this request failed.
     summary_index: int | None = None
     compaction_failed: bool = False
     # Fingerprints of the originals the trim stage replaced by placeholders.
     trimmed: list[str] = field(default_factory=list)
+    # Set by the archive stage: the fingerprints of the client's messages, in order;
+    # those not yet on disk as (fingerprint, json) rows; and how to write them now.
     fingerprints: list[str] = field(default_factory=list)
+    unarchived: list[tuple[str, str]] = field(default_factory=list)
+    archive_now: Callable[[], Awaitable[None]] | None = None
+    archive_failed: bool = False
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -75,6 +79,26 @@ class Exchange:
     @property
     def stream(self) -> bool:
         return self.body.get("stream") is True
+
+    async def ensure_archived(self) -> bool:
+        """Before replacing any original: make sure it is on disk. False: do not compact.
+
+        Ordering rule (seed 002 §5.5): a summary, placeholder or drop never exists
+        whose originals are missing, so a failed write means no compaction.
+        """
+        if self.archive_now is None or self.archive_failed:
+            return False
+        if not self.unarchived:
+            return True
+        try:
+            await self.archive_now()
+        except StoreError as exc:
+            self.archive_failed = True
+            self.log_fields["archive_error"] = str(exc)
+            log.warning("archive write failed, not compacting: %s", exc)
+            return False
+        self.unarchived = []
+        return True
 
     @property
     def changed(self) -> bool:

@@ -1,11 +1,12 @@
 """Reading the upstream's answer as it streams past, to archive it.
 
 The bytes go to the client untouched (chat.py forwards every chunk as it arrives);
-this only watches them. SSE is split into lines here, `data:` payloads parsed, and
-the assistant message rebuilt from the deltas: content and refusal concatenated,
-tool calls assembled by index with their arguments joined, the finish reason and
-usage kept. A non-streamed JSON answer is parsed whole. Bounded: past `limit`
-bytes the recorder stops collecting (the stream itself goes on).
+this only keeps a copy. After the stream ends (off the latency path) the copy is
+split into SSE lines, the `data:` payloads parsed in one go, and the assistant
+message rebuilt from the deltas: content and refusal concatenated, tool calls
+assembled by index with their arguments joined, the finish reason and usage kept.
+A non-streamed JSON answer is parsed whole. Bounded: past `limit` bytes the
+recorder stops collecting (the stream itself goes on).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ class AnswerRecorder:
         self.limit = limit
         self.size = 0
         self.truncated = False
-        self._pending = b""
         self._body = bytearray()
         self.content: list[str] = []
         self.refusal: list[str] = []
@@ -37,27 +37,28 @@ class AnswerRecorder:
         if self.size > self.limit:
             self.truncated = True
             return
-        if not self.streamed:
-            self._body += chunk
-            return
-        data = self._pending + chunk
-        lines = data.split(b"\n")
-        self._pending = lines.pop()
-        for line in lines:
-            self._line(line.rstrip(b"\r"))
+        self._body += chunk
 
-    def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:"):
-            return
-        payload = line[5:].strip()
-        if payload == b"[DONE]" or not payload:
-            return
+    def _parse_stream(self) -> None:
+        payloads = []
+        for line in bytes(self._body).split(b"\n"):
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload and payload != b"[DONE]":
+                    payloads.append(payload)
         try:
-            event = json.loads(payload)
+            # One parse for the whole stream; per line only if some line is bad.
+            events = json.loads(b"[" + b",".join(payloads) + b"]")
         except ValueError:
-            return
-        if isinstance(event, dict):
-            self._event(event)
+            events = []
+            for payload in payloads:
+                try:
+                    events.append(json.loads(payload))
+                except ValueError:
+                    continue
+        for event in events:
+            if isinstance(event, dict):
+                self._event(event)
 
     def _event(self, event: dict[str, Any]) -> None:
         if "error" in event:
@@ -98,6 +99,7 @@ class AnswerRecorder:
         """The archived `response` payload: the assistant message, usage, finish reason."""
         if not self.streamed:
             return self._whole()
+        self._parse_stream()
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
         if self.refusal:
             message["refusal"] = "".join(self.refusal)

@@ -7,7 +7,6 @@ list by `app.build_stages`.
 from __future__ import annotations
 
 from proxy.pipeline import Exchange
-from proxy.tokens import TokenCounter
 
 
 class EstimateTokens:
@@ -15,11 +14,8 @@ class EstimateTokens:
 
     name = "estimate_tokens"
 
-    def __init__(self, counter: TokenCounter) -> None:
-        self.counter = counter
-
     async def __call__(self, exchange: Exchange) -> None:
-        tokens = self.counter.count_messages(exchange.messages, exchange.model)
+        tokens = exchange.measure.total(exchange.messages)
         exchange.log_fields["input_tokens"] = tokens
         if exchange.compaction_failed:
             exchange.response_headers["x-recap-compaction"] = "failed"
@@ -28,7 +24,7 @@ class EstimateTokens:
                 "x-recap-compaction", ",".join(exchange.layers) or "none"
             )
         if exchange.changed:
-            before = self.counter.count_messages(exchange.original, exchange.model)
+            before = exchange.measure.total(exchange.original)
             exchange.log_fields["tokens_before"] = before
             exchange.response_headers["x-recap-tokens-before"] = str(before)
             exchange.response_headers["x-recap-tokens-after"] = str(tokens)

@@ -196,6 +196,7 @@ class TokenCounter:
         self._hits = 0
         self._misses = 0
         self._warned: set[str] = set()
+        self._resolved: dict[str | None, tuple[str, tiktoken.Encoding | None]] = {}
 
     @property
     def cache_info(self) -> tuple[int, int]:
@@ -215,9 +216,12 @@ class TokenCounter:
             text = _dumps(text)
         return _text_counter(encoder)(text)
 
-    def count_message(self, message: Any, model: str | None = None) -> int:
+    def count_message(
+        self, message: Any, model: str | None = None, *, fingerprint: str | None = None
+    ) -> int:
+        """`fingerprint`, when the caller has it already, saves computing it again."""
         name, encoder = self._resolve(model)
-        return self._count_message(message, name, encoder)
+        return self._count_message(message, name, encoder, fingerprint)
 
     def count_messages(self, messages: Sequence[Any], model: str | None = None) -> int:
         """What a request's messages weigh: each message, plus the priming of the reply."""
@@ -228,8 +232,18 @@ class TokenCounter:
         total = sum(self._count_message(m, name, encoder) for m in messages)
         return total + REPLY_PRIMING_TOKENS
 
-    def _count_message(self, message: Any, name: str, encoder: tiktoken.Encoding | None) -> int:
-        key = self._cache_key(message, name)
+    def _count_message(
+        self,
+        message: Any,
+        name: str,
+        encoder: tiktoken.Encoding | None,
+        known: str | None = None,
+    ) -> int:
+        key = (
+            (name, known)
+            if known is not None and self._cache_size
+            else self._cache_key(message, name)
+        )
         if key is not None:
             cached = self._cache.get(key)
             if cached is not None:
@@ -254,6 +268,15 @@ class TokenCounter:
             return None
 
     def _resolve(self, model: str | None) -> tuple[str, tiktoken.Encoding | None]:
+        # Asked for every message counted: remembered per model name (a handful).
+        hit = self._resolved.get(model)
+        if hit is None:
+            hit = self._resolved[model] = self._resolve_uncached(model)
+            if len(self._resolved) > 1024:
+                self._resolved.clear()
+        return hit
+
+    def _resolve_uncached(self, model: str | None) -> tuple[str, tiktoken.Encoding | None]:
         wanted = wanted_encoding(model)
         encoder = self._load(wanted)
         if encoder is not None:

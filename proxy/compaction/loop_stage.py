@@ -26,12 +26,11 @@ from proxy.compaction.loop import LoopPlan, LoopState, loop_view, plan_loop
 from proxy.compaction.summarize import Summarizer, SummarizerFailed
 from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.config import LoopCompaction
-from proxy.conversation import turn_starts
+from proxy.conversation import is_turn_start, turn_starts
 from proxy.messages import Classification, Message
 from proxy.pipeline import Exchange
 from proxy.scenes import SceneSet
 from proxy.store.base import CompactionRecord, LoopSummary, Store
-from proxy.tokens import TokenCounter
 
 log = logging.getLogger("recap.loop")
 
@@ -44,35 +43,36 @@ class LoopStage:
         store: Store,
         summarizer: Summarizer,
         scenes: Mapping[str, SceneSet],
-        counter: TokenCounter,
     ) -> None:
         self.store = store
         self.summarizer = summarizer
         self.scenes = scenes
-        self.counter = counter
 
     async def __call__(self, ex: Exchange, /) -> None:
         policy = ex.tenant.compaction.loop
-        if ex.control == "off" or not policy.enabled or not ex.archived:
+        if ex.control == "off" or not policy.enabled:
             return
         if ex.classification != Classification.TOOL_CONTINUATION:
+            return
+        messages = ex.messages
+        if self._quiet(messages, policy, ex):
             return
         turn_hash = self._turn_hash(ex)
         if turn_hash is None:
             return
-        messages = ex.messages
-        model = ex.model
-
-        def count(m: Message) -> int:
-            return self.counter.count_message(m, model)
+        count = ex.measure.tokens
 
         probe = plan_loop(messages, None, policy, count)
-        if not probe.rounds:
+        ex.log_fields["tool_rounds"] = len(probe.rounds)
+        if probe.skip_reason == "below_threshold" or not probe.rounds:
+            # The working set only grows within a turn: if it is below both triggers
+            # now, no earlier step compacted it, so there is no summary to look up.
             return
         state = await self._state(ex, turn_hash, len(probe.rounds))
-        plan = plan_loop(messages, state, policy, count)
-        ex.log_fields["tool_rounds"] = len(plan.rounds)
-        if plan.compact_rounds is not None:
+        plan = plan_loop(messages, state, policy, count) if state else probe
+        if plan.compact_rounds is not None and not await ex.ensure_archived():
+            ex.log_fields["loop_skip"] = "archive_failed"
+        elif plan.compact_rounds is not None:
             async with self.store.conversation_lock(ex.conversation):
                 # Another step of this loop may have summarised these rounds meanwhile.
                 fresher = await self._state(ex, turn_hash, len(plan.rounds))
@@ -93,6 +93,23 @@ class LoopStage:
         if plan.turn_start is not None and ex.messages is not messages:
             ex.summary_index = plan.turn_start + 1
         ex.log_fields["loop_rounds_summarised"] = state.covered_rounds
+
+    @staticmethod
+    def _quiet(messages: list[Message], policy: LoopCompaction, ex: Exchange) -> bool:
+        """Cheap pre-check: too few rounds and tokens for any trigger in this turn so far.
+
+        The working set only grows within a turn, so then no step compacted it and
+        there is no working summary to look up either.
+        """
+        calls = 0
+        for m in reversed(messages):
+            if is_turn_start(m):
+                break
+            calls += m.get("role") == "assistant" and bool(m.get("tool_calls"))
+        rounds_needed = max(policy.loop_recent_tool_rounds, 1) + max(
+            policy.loop_trigger_tool_rounds, 1
+        )
+        return calls < rounds_needed and ex.measure.total(messages) < policy.loop_trigger_tokens
 
     def _turn_hash(self, ex: Exchange) -> str | None:
         """Chain hash of the client's history up to and including the turn's user message."""
@@ -121,7 +138,8 @@ class LoopStage:
         goal = head_tail(
             content_text(messages[plan.turn_start].get("content")), session.max_item_chars
         )
-        before = sum(self.counter.count_message(m, ex.model) for m in messages)
+        measure = ex.measure
+        before = sum(measure.tokens(m) for m in messages)
         try:
             result = await self.summarizer.summarize(
                 ex.tenant,
@@ -165,12 +183,9 @@ class LoopStage:
         new = LoopState(result.text, covered)
         after = (
             before
-            - sum(
-                self.counter.count_message(m, ex.model)
-                for m in messages[plan.boundary(plan.covered_rounds) : span[1]]
-            )
-            + self.counter.count_text(result.text, ex.model)
-            - (self.counter.count_text(state.summary, ex.model) if state else 0)
+            - sum(measure.tokens(m) for m in messages[plan.boundary(plan.covered_rounds) : span[1]])
+            + measure.text(result.text)
+            - (measure.text(state.summary) if state else 0)
         )
         ex.layers.append("loop")
         ex.log_fields.update(

@@ -17,6 +17,7 @@ from typing import Any
 from proxy.compaction.session_stage import SessionStage
 from proxy.config import Config, Tenant
 from proxy.errors import CompactionFailed, Conflict, NotFound
+from proxy.measure import Measure
 from proxy.messages import classify
 from proxy.pipeline import Exchange
 from proxy.store.base import ConversationRef, Store
@@ -47,6 +48,10 @@ async def last_request(store: Store, conv: ConversationRef) -> tuple[dict[str, A
     return last, [json.loads(bodies[fp]) for fp in fps]
 
 
+async def _already_archived() -> None:
+    return None
+
+
 async def compact_now(
     store: Store,
     stage: SessionStage,
@@ -66,7 +71,9 @@ async def compact_now(
         classification=classify(messages),
         context_window=config.context_window(model if isinstance(model, str) else None),
         control="force",
-        archived=True,
+        measure=Measure(stage.counter, model if isinstance(model, str) else None),
+        # The messages came from the archive: they are on disk already.
+        archive_now=_already_archived,
     )
     await stage(ex)
     if ex.compaction_failed:
@@ -77,7 +84,6 @@ async def compact_now(
         raise Conflict(f"Nothing was compacted: {skip}.")
     current = await store.current_summary(conv)
     assert current is not None  # the stage just wrote it
-    model_name = model if isinstance(model, str) else None
-    before = stage.counter.count_messages(ex.original, model_name)
-    after = stage.counter.count_messages(ex.messages, model_name)
+    before = ex.measure.total(ex.original)
+    after = ex.measure.total(ex.messages)
     return ManualResult(current.version, current.summary, current.covered, before, after)

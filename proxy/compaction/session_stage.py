@@ -72,9 +72,7 @@ class SessionStage:
             return
         applied = as_applied(await self.store.matching_summary(ex.conversation, chain), len(body))
         # Ordering rule: only once the originals are on disk may a summary of them exist.
-        wants = ex.archived and (
-            ex.classification == Classification.TURN_START or ex.control == "force"
-        )
+        wants = ex.classification == Classification.TURN_START or ex.control == "force"
         breaker = self.breakers.setdefault(
             ex.tenant.name, Breaker(policy.failure_threshold, policy.cooldown_s)
         )
@@ -101,15 +99,14 @@ class SessionStage:
         body: list[Message],
         applied: AppliedSummary | None,
     ) -> SessionPlan:
-        model = ex.model
         return plan_session(
             pinned,
             body,
             applied,
             policy,
             ex.context_window,
-            lambda m: self.counter.count_message(m, model),
-            lambda t: self.counter.count_text(t, model),
+            ex.measure.tokens,
+            ex.measure.text,
             force=ex.control == "force",
         )
 
@@ -126,6 +123,9 @@ class SessionStage:
         plan = self._plan(ex, policy, pinned, body, applied)
         if not plan.compacts:
             ex.log_fields["session_skip"] = plan.skip_reason
+            return applied
+        if not await ex.ensure_archived():
+            ex.log_fields["session_skip"] = "archive_failed"
             return applied
         conv = ex.conversation
         async with self.store.conversation_lock(conv):
@@ -263,11 +263,11 @@ class SessionStage:
     def _saved(
         self, ex: Exchange, body: list[Message], plan: SessionPlan, applied: AppliedSummary
     ) -> int:
-        model = ex.model
         old_cov = plan.applied.covered if plan.applied else 0
-        old_sum = self.counter.count_text(plan.applied.summary, model) if plan.applied else 0
-        removed = sum(self.counter.count_message(m, model) for m in body[old_cov : applied.covered])
-        return removed + old_sum - self.counter.count_text(applied.summary, model)
+        measure = ex.measure
+        old_sum = measure.text(plan.applied.summary) if plan.applied else 0
+        removed = sum(measure.tokens(m) for m in body[old_cov : applied.covered])
+        return removed + old_sum - measure.text(applied.summary)
 
 
 def _chars(messages: Sequence[Message]) -> int:

@@ -16,9 +16,8 @@ import logging
 
 from proxy.compaction.trim import apply_trim, fit_to_window, plan_trim
 from proxy.conversation import turn_starts
-from proxy.messages import Message, fingerprint
+from proxy.messages import fingerprint
 from proxy.pipeline import Exchange
-from proxy.tokens import TokenCounter
 
 log = logging.getLogger("recap.trim")
 
@@ -29,20 +28,14 @@ DEFAULT_OUTPUT_SHARE = 0.1
 class TrimStage:
     name = "trim"
 
-    def __init__(self, counter: TokenCounter) -> None:
-        self.counter = counter
-
     async def __call__(self, ex: Exchange, /) -> None:
         policy = ex.tenant.compaction.trim
-        if ex.control == "off" or not policy.enabled or not ex.archived:
+        if ex.control == "off" or not policy.enabled:
             return
-        model = ex.model
-
-        def count(m: Message) -> int:
-            return self.counter.count_message(m, model)
-
-        plan = plan_trim(ex.messages, policy, ex.context_window, count, len(ex.messages))
-        if not plan.trimmed:
+        plan = plan_trim(
+            ex.messages, policy, ex.context_window, ex.measure.tokens, len(ex.messages)
+        )
+        if not plan.trimmed or not await ex.ensure_archived():
             return
         ex.trimmed = [fingerprint(ex.messages[i]) for i in sorted(plan.replacements)]
         ex.messages = apply_trim(ex.messages, plan)
@@ -61,16 +54,12 @@ def output_reserve(ex: Exchange) -> int:
 class FitToWindow:
     name = "fit_to_window"
 
-    def __init__(self, counter: TokenCounter) -> None:
-        self.counter = counter
-
     async def __call__(self, ex: Exchange, /) -> None:
-        if ex.control == "off" or not ex.archived:
+        if ex.control == "off":
             return
         starts = turn_starts(ex.messages)
         if not starts:
             return
-        model = ex.model
         budget = ex.context_window - output_reserve(ex)
         messages, dropped = fit_to_window(
             len(ex.identity.pinned),
@@ -78,9 +67,9 @@ class FitToWindow:
             ex.summary_index,
             starts[-1],
             budget,
-            lambda m: self.counter.count_message(m, model),
+            ex.measure.tokens,
         )
-        if not dropped:
+        if not dropped or not await ex.ensure_archived():
             return
         ex.messages = messages
         ex.layers.append("fit_to_window")

@@ -41,7 +41,10 @@ def test_gold_ids_restored_on_every_session() -> None:
         guarded = guard_summary("## User Goal\nHelp the user with a booking.", replaced, 6000, 0.25)
         for value in wanted:
             assert value in guarded.summary, (row["task_id"], value)
-        assert len(guarded.summary) <= len("## User Goal\nHelp the user with a booking.") + 2 + len(SECTION) + 1500
+        assert (
+            len(guarded.summary)
+            <= len("## User Goal\nHelp the user with a booking.") + 2 + len(SECTION) + 1500
+        )
         checked += len(wanted)
     assert checked > 100
 
@@ -53,7 +56,11 @@ def test_nothing_lost_nothing_added() -> None:
 
 
 def test_budget_is_respected_and_priority_is_user_first() -> None:
-    tool_noise = {"role": "tool", "tool_call_id": "c", "content": " ".join(f"ID{i:05d}" for i in range(2000))}
+    tool_noise = {
+        "role": "tool",
+        "tool_call_id": "c",
+        "content": " ".join(f"ID{i:05d}" for i in range(2000)),
+    }
     user = {"role": "user", "content": 'Keep it "under 300 USD total" and use card card_9911.'}
     guarded = guard_summary("summary", [tool_noise, user], 1000, 0.2)
     assert len(guarded.summary) - len("summary") <= 200 + len(SECTION) + 3
@@ -68,7 +75,14 @@ def test_reference_kinds() -> None:
         "Traceback: ValueError failed to parse\nreservation NO6JO3 on 2024-05-20"
     )
     refs = critical_references([{"role": "assistant", "content": text}])
-    for expected in ("https://example.com/docs?id=4", "src/proxy/app.py", "350 ms", "$12.50", "NO6JO3", "2024-05-20"):
+    for expected in (
+        "https://example.com/docs?id=4",
+        "src/proxy/app.py",
+        "350 ms",
+        "$12.50",
+        "NO6JO3",
+        "2024-05-20",
+    ):
         assert expected in refs, expected
     assert any("ValueError failed to parse" in r for r in refs)
 

@@ -43,7 +43,10 @@ def script_agent(fake: FakeUpstream, parallel_every: int = 4) -> None:
             {
                 "id": f"call_{n}_{k}",
                 "type": "function",
-                "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/mod_{n}_{k}.py"})},
+                "function": {
+                    "name": "read_file",
+                    "arguments": json.dumps({"path": f"src/mod_{n}_{k}.py"}),
+                },
             }
             for k in range(2 if n % parallel_every == 0 else 1)
         ]
@@ -52,27 +55,38 @@ def script_agent(fake: FakeUpstream, parallel_every: int = 4) -> None:
     fake.chat = reply
 
 
-def run_loop(url: str, steps: int = STEPS, result_chars: int = 1500, key: str = "loop-1") -> list[dict[str, Any]]:
+def run_loop(
+    url: str, steps: int = STEPS, result_chars: int = 1500, key: str = "loop-1"
+) -> list[dict[str, Any]]:
     client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Find where the config loader rejects unknown keys and fix the bug."},
+        {
+            "role": "user",
+            "content": "Find where the config loader rejects unknown keys and fix the bug.",
+        },
     ]
     for _ in range(steps):
         completion = client.chat.completions.create(
-            model="gpt-4o", messages=history, extra_headers={"x-conversation-id": key}  # type: ignore[arg-type]
+            model="gpt-4o",
+            messages=history,
+            extra_headers={"x-conversation-id": key},  # type: ignore[arg-type]
         )
         message = completion.choices[0].message
         calls = [c.model_dump() for c in message.tool_calls or []]
         history.append({"role": "assistant", "content": None, "tool_calls": calls})
         for c in calls:
             path = json.loads(c["function"]["arguments"])["path"]
-            body = f"# {path}\n" + "\n".join(f"line {i}: value_{path}_{i}" for i in range(result_chars // 30))
+            body = f"# {path}\n" + "\n".join(
+                f"line {i}: value_{path}_{i}" for i in range(result_chars // 30)
+            )
             history.append({"role": "tool", "tool_call_id": c["id"], "content": body})
     return history
 
 
-def test_sixty_step_loop_bounded_valid_and_cheap(loop_proxy: Callable[..., str], fake: FakeUpstream) -> None:
+def test_sixty_step_loop_bounded_valid_and_cheap(
+    loop_proxy: Callable[..., str], fake: FakeUpstream
+) -> None:
     url = loop_proxy(trim={"enabled": False})
     script_agent(fake)
     history = run_loop(url)
@@ -100,11 +114,15 @@ def test_sixty_step_loop_bounded_valid_and_cheap(loop_proxy: Callable[..., str],
     assert raw_rounds_max <= 10
     # Rolling: each call merges into the working summary the previous call produced.
     for prev, cur in itertools.pairwise(summarize):
-        produced = extractive_summary(prev.json).split("<summary>")[1].split("</summary>")[0].strip()
+        produced = (
+            extractive_summary(prev.json).split("<summary>")[1].split("</summary>")[0].strip()
+        )
         assert "<existing_summary>\n" + produced in cur.json["messages"][1]["content"]
 
 
-def test_loop_summarizer_failure_falls_back(loop_proxy: Callable[..., str], fake: FakeUpstream) -> None:
+def test_loop_summarizer_failure_falls_back(
+    loop_proxy: Callable[..., str], fake: FakeUpstream
+) -> None:
     url = loop_proxy(trim={"enabled": False})
     script_agent(fake)
     fake.summarize = lambda body: Reply(status=500)
@@ -151,11 +169,20 @@ def test_trim_is_byte_stable_and_spares_users_and_excluded_tools(
             calls[1]["function"]["name"] = "read_file_keep"
         history.append({"role": "assistant", "content": None, "tool_calls": calls})
         for k, c in enumerate(calls):
-            history.append({"role": "tool", "tool_call_id": c["id"], "content": f"{step}-{k}\n" + "data " * 800})
+            history.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": c["id"],
+                    "content": f"{step}-{k}\n" + "data " * 800,
+                }
+            )
     assert trimmed_seen, "trimming should have fired"
     last = fake.chat_requests()[-1].json["messages"]
     kept_names = {
-        c["id"]: c["function"]["name"] for m in last if m["role"] == "assistant" for c in m["tool_calls"]
+        c["id"]: c["function"]["name"]
+        for m in last
+        if m["role"] == "assistant"
+        for c in m["tool_calls"]
     }
     rounds = tool_rounds(last)
     old_excluded = 0
@@ -166,4 +193,6 @@ def test_trim_is_byte_stable_and_spares_users_and_excluded_tools(
     assert old_excluded >= 2  # excluded results old enough that they would have been trimmed
     # The newest 3 rounds stay raw.
     for r in rounds[-3:]:
-        assert all("recap://message/" not in (m.get("content") or "") for m in last[r.start : r.end])
+        assert all(
+            "recap://message/" not in (m.get("content") or "") for m in last[r.start : r.end]
+        )
