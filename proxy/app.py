@@ -7,6 +7,7 @@ tests build as many independent apps as they like.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -16,13 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.archive import ArchiveOriginals, Archiver, RecordRequest
+from proxy.archive import ArchiveOriginals, Archiver
 from proxy.compaction.loop_stage import LoopStage
 from proxy.compaction.session_stage import SessionStage
 from proxy.compaction.summarize import Summarizer
 from proxy.compaction.trim_stage import FitToWindow, TrimStage
 from proxy.config import Config
 from proxy.errors import error_body
+from proxy.fingerprints import FingerprintCache
+from proxy.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
 from proxy.pipeline import Pipeline, Stage
 from proxy.scenes import SceneSet
 from proxy.stages import EstimateTokens
@@ -49,6 +52,14 @@ def load_scenes(config: Config) -> dict[str, SceneSet]:
     return scenes
 
 
+def upstream_pool(config: Config) -> UpstreamPool:
+    """One client per distinct upstream: every tenant's, and every separate summarizer's."""
+    return UpstreamPool(
+        [t.upstream for t in config.tenants.values()]
+        + [t.summarizer.upstream for t in config.tenants.values() if t.summarizer.upstream]
+    )
+
+
 def build_stages(state: AppState) -> list[Stage]:
     """The request pipeline, in order. Each capability is one stage here.
 
@@ -59,27 +70,28 @@ def build_stages(state: AppState) -> list[Stage]:
     scenes = load_scenes(config)
     summarizer = Summarizer(state.upstreams, config.tenants)
     return [
-        ArchiveOriginals(state.archiver),
+        ArchiveOriginals(state.archiver, FingerprintCache()),
         SessionStage(state.store, summarizer, scenes, state.counter, config.tenants),
-        LoopStage(state.store, summarizer, scenes, state.counter),
-        TrimStage(state.counter),
-        FitToWindow(state.counter),
-        EstimateTokens(state.counter),
-        RecordRequest(state.archiver),
+        LoopStage(state.store, summarizer, scenes),
+        TrimStage(),
+        FitToWindow(),
+        EstimateTokens(),
     ]
 
 
 def create_app(config: Config) -> Starlette:
     from proxy.chat import ChatCompletions
     from proxy.logs import AccessLog
+    from proxy.operator import operator_routes
     from proxy.passthrough import Passthrough
+    from proxy.retention import Retention
+
+    # Per app, never global: tests build many apps, each with its own registry.
+    metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
-        upstreams = UpstreamPool(
-            [t.upstream for t in config.tenants.values()]
-            + [t.summarizer.upstream for t in config.tenants.values() if t.summarizer.upstream]
-        )
+        upstreams = upstream_pool(config)
         store = open_store(config.store, config.base_dir)
         try:
             await store.open()
@@ -97,10 +109,19 @@ def create_app(config: Config) -> Starlette:
             pipeline=Pipeline([]),
         )
         state.pipeline = Pipeline(build_stages(state))
+        retention: asyncio.Task[None] | None = None
+        if config.archive.retention_days > 0:
+            retention = asyncio.get_running_loop().create_task(
+                Retention(store, state.archiver, config.archive).run()
+            )
         try:
             # Lifespan state: Starlette/uvicorn copy it into every request's scope["state"].
             yield {"recap": state}
         finally:
+            if retention is not None:
+                retention.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await retention
             await state.archiver.drain()
             await upstreams.aclose()
             await store.close()
@@ -116,6 +137,10 @@ def create_app(config: Config) -> Starlette:
             return JSONResponse({"status": "not ready", "store": str(exc)}, status_code=503)
         return JSONResponse({"status": "ready"})
 
+    async def metrics_endpoint(request: Request) -> Response:
+        # No key: scrapers rarely carry one, and no label names a tenant or conversation.
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
     async def not_found(request: Request) -> Response:
         return JSONResponse(
             error_body(f"Unknown path {request.url.path}", "invalid_request_error", "not_found"),
@@ -125,7 +150,9 @@ def create_app(config: Config) -> Starlette:
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/chat/completions", ChatCompletions(), methods=["POST"]),
+        *operator_routes(),
         Route(
             "/v1/{path:path}",
             Passthrough(),
@@ -135,4 +162,6 @@ def create_app(config: Config) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(AccessLog)
+    # Added last, so outermost: it reads the fields the access log completes.
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -1,13 +1,14 @@
-"""The `recap` command: serve, tail (operators' commands join here as they land)."""
+"""The `recap` command: serve and tail here; the operator's commands (conversations, show,
+export, compact, prune) live in `operator_cli.py` and are registered below."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from proxy.config import ConfigError, load_config
+from proxy.config import Config, ConfigError, load_config
 from proxy.scenes import SceneError
 
 
@@ -54,7 +55,18 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def with_config(
+    func: Callable[[Config, argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    def command(args: argparse.Namespace) -> int:
+        return func(load_config(_config_path(args.config)), args)
+
+    return command
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from proxy.operator_cli import add_commands
+
     parser = argparse.ArgumentParser(prog="recap", description="Recap: a context-compaction proxy.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -78,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-f", "--follow", action="store_true", help="keep reading as the file grows"
     )
     tail_p.set_defaults(func=cmd_tail)
+    add_commands(sub, with_config)
     return parser
 
 

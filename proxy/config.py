@@ -127,6 +127,16 @@ class Model:
 
 
 @dataclass(frozen=True)
+class Archive:
+    """Retention of the lossless archive (whole conversations, with their summaries)."""
+
+    # 0 keeps everything forever; otherwise conversations idle this long are deleted.
+    retention_days: float = 0.0
+    # How often the server prunes when retention_days > 0.
+    prune_interval_s: float = 3600.0
+
+
+@dataclass(frozen=True)
 class Config:
     listen: Listen = field(default_factory=Listen)
     store: str = "sqlite:///./data/recap.db"
@@ -136,6 +146,11 @@ class Config:
     tenants: Mapping[str, Tenant] = field(default_factory=lambda: {"default": Tenant("default")})
     models: Mapping[str, Model] = field(default_factory=dict)
     default_context_window: int = 96000
+    # Keys for the /v1/recap/ operator routes that see every tenant (never valid for chat).
+    admin_keys: tuple[str, ...] = ()
+    # Whether the open tenant (no api_keys) may use the /v1/recap/ routes without a key.
+    inspection_open: bool = False
+    archive: Archive = field(default_factory=Archive)
     # Directory the config file was read from; relative paths resolve against it.
     base_dir: str = "."
 
@@ -248,7 +263,22 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None, base_dir: str 
     extra: dict[str, Any] = {"base_dir": base_dir}
     if tenants is not None:
         extra["tenants"] = tenants
-    return typing.cast(Config, _build(Config, data, "", env, extra))
+    config = typing.cast(Config, _build(Config, data, "", env, extra))
+    _check_operator_keys(config)
+    return config
+
+
+def _check_operator_keys(config: Config) -> None:
+    tenant_keys = {k: t.name for t in config.tenants.values() for k in t.api_keys}
+    for i, key in enumerate(config.admin_keys):
+        if not key:
+            raise ConfigError(f"admin_keys[{i}]: empty key")
+        if key in tenant_keys:
+            raise ConfigError(f"admin_keys[{i}]: key also used by tenant {tenant_keys[key]}")
+    if config.archive.retention_days < 0:
+        raise ConfigError("archive.retention_days: must be 0 (keep forever) or more")
+    if config.archive.prune_interval_s <= 0:
+        raise ConfigError("archive.prune_interval_s: must be more than 0")
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:

@@ -118,6 +118,15 @@ class LoopSummary:
 
 
 @dataclass(frozen=True)
+class ExchangeRecord:
+    """What one request leaves in the archive: messages as (fingerprint, json), events."""
+
+    conversation: ConversationRef
+    messages: Sequence[tuple[str, str]]
+    events: Sequence[tuple[EventType, Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
 class ConversationInfo:
     tenant: str
     key: str
@@ -266,6 +275,11 @@ class Store(abc.ABC):
         """Store (fingerprint, message JSON) pairs not seen before; return how many were new."""
 
     @abc.abstractmethod
+    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
+        """In one transaction, for each item: archive its messages (insert-or-ignore)
+        and append its events. Many requests' records are written together."""
+
+    @abc.abstractmethod
     async def archived_messages(
         self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
     ) -> dict[str, str]:
@@ -282,6 +296,27 @@ class Store(abc.ABC):
         self, conv: ConversationRef, after_id: int = 0, *, page_size: int = 500
     ) -> AsyncIterator[Event]:
         """Events with id > after_id in id order, read a page at a time."""
+
+    async def last_event(self, conv: ConversationRef, type: EventType) -> Event | None:
+        """The newest event of this type (for the operator's view of the last request).
+
+        This default reads the whole log; backends override it with one indexed query.
+        """
+        last: Event | None = None
+        async for event in self.events(conv):
+            if event.type == type:
+                last = event
+        return last
+
+    async def iter_archived(
+        self, conv: ConversationRef, *, page_size: int = 500
+    ) -> AsyncIterator[tuple[str, str]]:
+        """(fingerprint, message JSON) in archive order, for exports that must not hold it all.
+
+        This default reads every message at once; backends override it to read by pages.
+        """
+        for item in (await self.archived_messages(conv)).items():
+            yield item
 
     @abc.abstractmethod
     async def get_loop_summary(

@@ -29,6 +29,7 @@ from proxy.store.base import (
     ConversationRef,
     Event,
     EventType,
+    ExchangeRecord,
     KeyedLocks,
     Layer,
     LoopSummary,
@@ -40,6 +41,7 @@ from proxy.store.base import (
     SummaryVersion,
     pick_matching,
 )
+from proxy.store.cache import SummaryCache
 from proxy.store.migrations import SchemaTooNew, migrate
 
 MEMORY = ":memory:"
@@ -91,6 +93,10 @@ def _translated() -> Iterator[None]:
         raise StoreError(str(exc)) from exc
     except (sqlite3.Error, OSError, UnicodeError) as exc:
         raise StoreError(_reason(exc)) from exc
+
+
+def _payload_json(payload: Mapping[str, Any]) -> str:
+    return json.dumps(dict(payload), ensure_ascii=False)
 
 
 def _storable_json(text: str) -> str:
@@ -147,13 +153,13 @@ async def _insert(
 
 
 async def _one(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> Any:
-    async with db.execute(sql, params) as cur:
-        return await cur.fetchone()
+    rows = await _all(db, sql, params)
+    return rows[0] if rows else None
 
 
 async def _all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
-    async with db.execute(sql, params) as cur:
-        return list(await cur.fetchall())
+    # One hop to the database thread (execute + fetch), not three.
+    return list(await db.execute_fetchall(sql, params))
 
 
 class SqliteStore(Store):
@@ -170,6 +176,7 @@ class SqliteStore(Store):
         self._db: aiosqlite.Connection | None = None
         self._mutex = asyncio.Lock()
         self._locks: KeyedLocks[ConversationRef] = KeyedLocks()
+        self._summaries = SummaryCache()
 
     @property
     def path(self) -> str:
@@ -288,6 +295,15 @@ class SqliteStore(Store):
     async def matching_summary(
         self, conv: ConversationRef, boundary_hashes: Sequence[str]
     ) -> SummaryVersion | None:
+        # Asked on every chat request: answered from memory while the cache is fresh.
+        cached = self._summaries.get(conv)
+        if cached is not None:
+            candidates, current = cached
+            chosen = pick_matching(candidates, current.version if current else 0, boundary_hashes)
+            if chosen is None:
+                return None
+            if current is not None and chosen == current.version:
+                return current
         async with self._read() as db:
             # Only the small columns of every candidate; the chosen text is read once.
             rows = await _all(
@@ -296,19 +312,31 @@ class SqliteStore(Store):
                 f" {_SUMMARY_FROM} AND sv.version <= c.current_version",
                 (conv.tenant, conv.key),
             )
-            if not rows:
-                return None
-            chosen = pick_matching([(r[0], r[1], r[2]) for r in rows], rows[0][3], boundary_hashes)
-            if chosen is None:
-                return None
-            row = await _one(
-                db,
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} AND sv.version = ?",
-                (conv.tenant, conv.key, chosen),
+            candidates = [(r[0], r[1], r[2]) for r in rows]
+            current_version = rows[0][3] if rows else 0
+            chosen = pick_matching(candidates, current_version, boundary_hashes)
+            wanted = [v for v in (chosen, current_version) if v]
+            found = (
+                {
+                    v.version: v
+                    for v in map(
+                        _summary,
+                        await _all(
+                            db,
+                            f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM}"
+                            f" AND sv.version IN ({', '.join('?' * len(wanted))})",
+                            (conv.tenant, conv.key, *wanted),
+                        ),
+                    )
+                }
+                if wanted
+                else {}
             )
-        return None if row is None else _summary(row)
+        self._summaries.put(conv, candidates, found.get(current_version))
+        return found.get(chosen) if chosen else None
 
     async def add_summary_version(self, conv: ConversationRef, new: NewSummary) -> SummaryVersion:
+        self._summaries.drop(conv)
         now = self._clock()
         async with self._write() as db:
             await _touch(db, conv, now)
@@ -336,6 +364,7 @@ class SqliteStore(Store):
         return SummaryVersion(**row, current=True)
 
     async def set_current_version(self, conv: ConversationRef, version: int | None) -> None:
+        self._summaries.drop(conv)
         now = self._clock()
         async with self._write() as db:
             if version is not None:
@@ -401,6 +430,38 @@ class SqliteStore(Store):
                 )
         return added
 
+    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
+        now = self._clock()
+        async with self._write() as db:
+            for item in items:
+                conv = item.conversation
+                await _touch(db, conv, now)
+                rows = [
+                    (conv.tenant, conv.key, fp, _storable_json(body), now)
+                    for fp, body in item.messages
+                ]
+                if rows:
+                    cur = await db.executemany(
+                        "INSERT INTO messages (tenant, key, fingerprint, body, first_seen_at)"
+                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
+                        rows,
+                    )
+                    if cur.rowcount > 0:
+                        await db.execute(
+                            "UPDATE conversations SET message_count = message_count + ?"
+                            " WHERE tenant = ? AND key = ?",
+                            (cur.rowcount, conv.tenant, conv.key),
+                        )
+                if item.events:
+                    await db.executemany(
+                        "INSERT INTO events (tenant, key, type, payload, created_at)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        [
+                            (conv.tenant, conv.key, t, _storable_json(_payload_json(p)), now)
+                            for t, p in item.events
+                        ],
+                    )
+
     async def archived_messages(
         self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
     ) -> dict[str, str]:
@@ -453,6 +514,40 @@ class SqliteStore(Store):
             for event_id, type_, payload, created_at in rows:
                 last = event_id
                 yield Event(event_id, type_, json.loads(payload), created_at)
+            if len(rows) < page_size:
+                return
+
+    async def last_event(self, conv: ConversationRef, type: EventType) -> Event | None:
+        async with self._read() as db:
+            row = await _one(
+                db,
+                "SELECT id, type, payload, created_at FROM events"
+                " WHERE tenant = ? AND key = ? AND type = ? ORDER BY id DESC LIMIT 1",
+                (conv.tenant, conv.key, type),
+            )
+        if row is None:
+            return None
+        event_id, type_, payload, created_at = row
+        return Event(event_id, type_, json.loads(payload), created_at)
+
+    async def iter_archived(
+        self, conv: ConversationRef, *, page_size: int = 500
+    ) -> AsyncIterator[tuple[str, str]]:
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        last = 0
+        while True:
+            # A fresh read per page, as in `events`: the consumer may be a slow client.
+            async with self._read() as db:
+                rows = await _all(
+                    db,
+                    "SELECT id, fingerprint, body FROM messages"
+                    " WHERE tenant = ? AND key = ? AND id > ? ORDER BY id LIMIT ?",
+                    (conv.tenant, conv.key, last, page_size),
+                )
+            for row_id, fp, body in rows:
+                last = row_id
+                yield fp, body
             if len(rows) < page_size:
                 return
 
@@ -521,6 +616,7 @@ class SqliteStore(Store):
         return None if row is None else _conversation(row)
 
     async def prune(self, older_than: float) -> int:
+        self._summaries.clear()
         pruned = 0
         while True:
             async with self._read() as db:

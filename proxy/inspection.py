@@ -1,0 +1,155 @@
+"""What an operator can ask about a conversation: listings, detail, the last view, rollback.
+
+Off the data path: read by the `/v1/recap/` routes (`operator.py`) and by the `recap`
+CLI, both over the same store. Every function takes a `ConversationRef`, so the
+tenant is always part of the question; deciding which tenant a caller may name is
+the routes' job. Results are plain JSON-ready dicts, rendered by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from proxy.errors import BadRequest, Conflict, NotFound
+from proxy.store.base import (
+    CompactionRecord,
+    ConversationInfo,
+    ConversationRef,
+    Store,
+    SummaryVersion,
+)
+from proxy.store.base import NotFound as StoreNotFound
+
+MAX_PAGE = 500
+
+
+def conversation_json(info: ConversationInfo) -> dict[str, Any]:
+    return {"object": "recap.conversation", **asdict(info)}
+
+
+def version_json(v: SummaryVersion) -> dict[str, Any]:
+    out = asdict(v)
+    out.pop("boundary_hash")  # internal matching state, meaningless to an operator
+    out["summary_chars"] = len(v.summary)
+    return out
+
+
+def compaction_json(record: CompactionRecord) -> dict[str, Any]:
+    return {**asdict(record), "tokens_saved": _saved(record)}
+
+
+def _saved(record: CompactionRecord) -> int:
+    return max(0, record.tokens_before - record.tokens_after) if record.outcome == "ok" else 0
+
+
+async def require(store: Store, conv: ConversationRef) -> ConversationInfo:
+    """The conversation, or 404 that says nothing about other tenants."""
+    info = await store.get_conversation(conv)
+    if info is None:
+        raise NotFound(f"No conversation {conv.key!r}.")
+    return info
+
+
+async def list_page(
+    store: Store, tenant: str | None, limit: int, before: float | None
+) -> dict[str, Any]:
+    """One page, newest first; `next_before` continues from the last row of this page."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise BadRequest(f"limit must be between 1 and {MAX_PAGE}", "limit")
+    rows = await store.list_conversations(tenant, limit + 1, before)
+    page = rows[:limit]
+    more = len(rows) > limit
+    return {
+        "object": "list",
+        "data": [conversation_json(c) for c in page],
+        "has_more": more,
+        "next_before": page[-1].updated_at if more and page else None,
+    }
+
+
+async def detail(store: Store, conv: ConversationRef) -> dict[str, Any]:
+    """The current summary, every version, and the audit trail of compactions."""
+    info = await require(store, conv)
+    versions = await store.summary_versions(conv)
+    current = next((v for v in versions if v.current), None)
+    return {
+        **conversation_json(info),
+        "summary": version_json(current) if current else None,
+        "versions": [version_json(v) for v in versions],
+        "compactions": [compaction_json(r) for r in await store.compactions(conv)],
+    }
+
+
+async def view(store: Store, conv: ConversationRef) -> dict[str, Any]:
+    """Exactly what went upstream for the last request: its `sent` fingerprints, resolved."""
+    await require(store, conv)
+    event = await store.last_event(conv, "request")
+    if event is None:
+        raise NotFound(f"No archived request for conversation {conv.key!r}.")
+    payload = event.payload
+    sent: list[str] = payload.get("sent") or []
+    bodies = await store.archived_messages(conv, sent)
+    missing = sum(fp not in bodies for fp in sent)
+    if missing:
+        raise Conflict(f"The archive lacks {missing} message(s) of the last request.")
+    return {
+        "object": "recap.view",
+        "event_id": event.id,
+        "created_at": event.created_at,
+        **{k: payload.get(k) for k in _VIEW_FIELDS},
+        "messages": [json.loads(bodies[fp]) for fp in sent],
+    }
+
+
+_VIEW_FIELDS = (
+    "request_id",
+    "model",
+    "classification",
+    "layers",
+    "tokens_before",
+    "tokens_after",
+)
+
+
+def parse_version(body: Any) -> int | None:
+    """The rollback target from {"version": N | null}."""
+    if not isinstance(body, Mapping) or "version" not in body:
+        raise BadRequest('expected a JSON object {"version": N or null}', "version")
+    version = body["version"]
+    if version is None:
+        return None
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise BadRequest("version must be a positive integer or null", "version")
+    return version
+
+
+async def rollback(
+    store: Store, conv: ConversationRef, version: int | None, request_id: str
+) -> dict[str, Any]:
+    """Make an earlier version current (or none) and record it as a `rollback` event.
+
+    Later versions stay stored but are no longer matched (only versions numbered at
+    most the current one are), so the next compaction starts again from the kept
+    version and the archived originals, never from the discarded text.
+    """
+    await require(store, conv)
+    async with store.conversation_lock(conv):
+        before = await store.current_summary(conv)
+        try:
+            await store.set_current_version(conv, version)
+        except StoreNotFound:
+            raise NotFound(f"No summary version {version} in conversation {conv.key!r}.") from None
+        previous = before.version if before else None
+        await store.append_event(
+            conv, "rollback", {"request_id": request_id, "from": previous, "to": version}
+        )
+        current = await store.current_summary(conv)
+    return {
+        "object": "recap.rollback",
+        "from": previous,
+        "to": version,
+        "summary": version_json(current) if current else None,
+    }

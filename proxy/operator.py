@@ -1,0 +1,252 @@
+"""The operator routes under `/v1/recap/`: inspect, export, compact now, roll back.
+
+Off the data path (no request here is forwarded upstream, except the summarizer
+call of a manual compaction). Who may ask what:
+
+    admin key (`admin_keys`)   every tenant; names it with `?tenant=` (optional when the
+                               config has one tenant; the listing without it shows all)
+    a tenant's proxy key       that tenant only; any other `?tenant=` is 404
+    no key / unknown key       the open tenant only, and only with `inspection_open: true`;
+                               otherwise 401
+
+A conversation is always looked up inside the caller's tenant, so a key that exists
+only in another tenant is 404, the same answer as a key that exists nowhere. Errors
+are `RecapError`s, rendered in the OpenAI error shape like every other proxy error.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from proxy.compaction.manual import compact_now
+from proxy.compaction.session_stage import SessionStage
+from proxy.config import Config, Tenant
+from proxy.errors import BadRequest, CompactionFailed, Conflict, NotFound, RecapError, Unauthorized
+from proxy.export import export_lines
+from proxy.identity import bearer_token, resolve_tenant
+from proxy.inspection import detail, list_page, parse_version, require, rollback, view
+from proxy.logs import log_fields
+from proxy.state import AppState
+from proxy.store.base import ConversationRef, StoreError
+
+MAX_BODY = 64 * 1024
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+EXPORT_CHUNK = 64 * 1024
+
+
+class StoreUnavailable(RecapError):
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
+
+
+@dataclass(frozen=True)
+class Caller:
+    admin: bool
+    # None only for an admin listing every tenant.
+    tenant: Tenant | None
+    # Forwarded to the summarizer when the tenant's upstream has no key of its own, as a
+    # chat request's would be; never an admin key.
+    authorization: str | None
+
+
+def resolve_caller(
+    config: Config, headers: Mapping[str, str], named: str | None, *, need_tenant: bool
+) -> Caller:
+    token = bearer_token(headers)
+    if token is not None and any(
+        hmac.compare_digest(token.encode(), k.encode()) for k in config.admin_keys
+    ):
+        if named is not None:
+            tenant = config.tenants.get(named)
+            if tenant is None:
+                raise NotFound(f"No tenant {named!r}.")
+            return Caller(True, tenant, None)
+        if not need_tenant:
+            return Caller(True, None, None)
+        if len(config.tenants) == 1:
+            return Caller(True, next(iter(config.tenants.values())), None)
+        raise BadRequest("An admin key must name the tenant: ?tenant=NAME.", "tenant")
+    tenant = resolve_tenant(config, headers)
+    if tenant.is_open and not config.inspection_open:
+        raise Unauthorized("The /v1/recap/ routes need a tenant's proxy key or an admin key.")
+    if named is not None and named != tenant.name:
+        raise NotFound(f"No tenant {named!r}.")
+    return Caller(False, tenant, headers.get("authorization"))
+
+
+Handler = Callable[[Request, AppState, dict[str, Any]], Awaitable[Response]]
+
+
+def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        state: AppState = request.state.recap
+        fields = log_fields(request.scope)  # type: ignore[arg-type]  # the ASGI scope
+        error: RecapError
+        try:
+            return await handler(request, state, fields)
+        except RecapError as err:
+            error = err
+        except StoreError as exc:
+            error = StoreUnavailable(f"The store is unavailable: {exc}")
+        fields["error"] = error.code
+        return JSONResponse(error.body(), status_code=error.status)
+
+    return endpoint
+
+
+def _headers(request: Request) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
+
+
+def _conversation(
+    request: Request, state: AppState, fields: dict[str, Any]
+) -> tuple[Caller, Tenant, ConversationRef]:
+    caller = _caller(request, state, fields, need_tenant=True)
+    assert caller.tenant is not None  # need_tenant
+    key = request.path_params["key"]
+    fields["conversation"] = key
+    return caller, caller.tenant, ConversationRef(caller.tenant.name, key)
+
+
+def _caller(
+    request: Request, state: AppState, fields: dict[str, Any], *, need_tenant: bool
+) -> Caller:
+    named = request.query_params.get("tenant") or None
+    caller = resolve_caller(state.config, _headers(request), named, need_tenant=need_tenant)
+    if caller.tenant is not None:
+        fields["tenant"] = caller.tenant.name
+    return caller
+
+
+async def _list(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
+    caller = _caller(request, state, fields, need_tenant=False)
+    params = request.query_params
+    try:
+        limit = int(params.get("limit", "50"))
+    except ValueError:
+        raise BadRequest("limit must be an integer", "limit") from None
+    try:
+        before = float(params["before"]) if params.get("before") else None
+    except ValueError:
+        raise BadRequest("before must be a number (a page's next_before)", "before") from None
+    tenant = caller.tenant.name if caller.tenant else None
+    return JSONResponse(await list_page(state.store, tenant, limit, before))
+
+
+async def _detail(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
+    _, _, conv = _conversation(request, state, fields)
+    return JSONResponse(await detail(state.store, conv))
+
+
+async def _view(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
+    _, _, conv = _conversation(request, state, fields)
+    return JSONResponse(await view(state.store, conv))
+
+
+async def _export(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
+    _, _, conv = _conversation(request, state, fields)
+    lines: AsyncGenerator[str, None] = export_lines(state.store, conv)
+    # The first line is read here so that a missing conversation is a 404, not an
+    # empty 200: once streaming has begun the status cannot change.
+    first = await anext(lines)
+
+    async def body() -> AsyncIterator[bytes]:
+        buffer = [first]
+        size = len(first)
+        try:
+            async for line in lines:
+                buffer.append(line)
+                size += len(line)
+                if size >= EXPORT_CHUNK:
+                    yield "".join(buffer).encode()
+                    buffer, size = [], 0
+            yield "".join(buffer).encode()
+        finally:
+            await lines.aclose()
+
+    filename = "recap-archive.jsonl"
+    return StreamingResponse(
+        body(),
+        media_type="application/x-ndjson",
+        headers={"content-disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+async def _compact(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
+    caller, tenant, conv = _conversation(request, state, fields)
+    stage = next((s for s in state.pipeline.stages if s.name == "session"), None)
+    if not isinstance(stage, SessionStage):
+        raise Conflict("Session compaction is not part of this proxy's pipeline.")
+    await require(state.store, conv)
+    start = time.perf_counter()
+
+    def took() -> float:
+        return round((time.perf_counter() - start) * 1000, 1)
+
+    try:
+        result = await compact_now(
+            state.store, stage, state.config, tenant, conv, caller.authorization
+        )
+    except CompactionFailed:
+        fields.update(manual_compaction="failed", manual_compaction_ms=took())
+        raise
+    except Conflict:
+        fields["manual_compaction"] = "skipped"
+        raise
+    fields.update(manual_compaction="ok", manual_compaction_ms=took())
+    return JSONResponse(
+        {
+            "object": "recap.compaction",
+            "tenant": conv.tenant,
+            "key": conv.key,
+            "version": result.version,
+            "summary": result.summary,
+            "covered": result.covered,
+            "tokens_before": result.tokens_before,
+            "tokens_after": result.tokens_after,
+            "tokens_saved": max(0, result.tokens_before - result.tokens_after),
+        }
+    )
+
+
+async def _rollback(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
+    _, _, conv = _conversation(request, state, fields)
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise BadRequest("rollback body is too large")
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        raise BadRequest("rollback body is not JSON") from None
+    version = parse_version(body)
+    result = await rollback(state.store, conv, version, str(fields.get("request_id", "")))
+    return JSONResponse(result)
+
+
+async def _unknown(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
+    raise NotFound(f"Unknown path {request.url.path} ({request.method})")
+
+
+def operator_routes() -> list[Route]:
+    """Listed before the /v1/ pass-through, which must never see /v1/recap/."""
+    base = "/v1/recap/conversations"
+    return [
+        Route(base, _endpoint(_list), methods=["GET"]),
+        Route(base + "/{key:path}/archive", _endpoint(_export), methods=["GET"]),
+        Route(base + "/{key:path}/view", _endpoint(_view), methods=["GET"]),
+        Route(base + "/{key:path}/compact", _endpoint(_compact), methods=["POST"]),
+        Route(base + "/{key:path}/rollback", _endpoint(_rollback), methods=["POST"]),
+        Route(base + "/{key:path}", _endpoint(_detail), methods=["GET"]),
+        Route("/v1/recap", _endpoint(_unknown), methods=ALL_METHODS),
+        Route("/v1/recap/{path:path}", _endpoint(_unknown), methods=ALL_METHODS),
+    ]

@@ -1,0 +1,226 @@
+"""The operator's `recap` commands, run against the store a live proxy is writing."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from proxy.app import create_app
+from proxy.cli import main
+from proxy.config import load_config
+from proxy.store import open_store
+from proxy.store.base import ConversationRef, NewSummary
+from proxy.tail import tail
+from tests.conftest import REPO
+from tests.fakes import FakeUpstream, Reply
+from tests.servers import serve
+from tests.trajectories import DATA, chained, model_calls, sessions
+
+pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
+
+
+def write_config(tmp_path: Path, upstream_url: str, **extra: Any) -> Path:
+    session = {"recent_turns": 2, "min_recent_ratio": 0.01}
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "store": "sqlite:///./recap.db",
+                "scenes_dir": str(REPO / "scenes"),
+                "tenants": {
+                    name: {
+                        "api_keys": [f"key-{name}"],
+                        "upstream": {"base_url": upstream_url + "/v1"},
+                        "compaction": {"session": session},
+                    }
+                    for name in ("a", "b")
+                },
+                **extra,
+            }
+        )
+    )
+    return cfg
+
+
+@pytest.fixture
+def live(tmp_path: Path, upstream_url: str) -> Iterator[tuple[Path, str]]:
+    """A config file and a proxy serving it; two conversations, one compacted."""
+    cfg = write_config(tmp_path, upstream_url)
+    with serve(create_app(load_config(cfg))) as base:
+        url = base + "/v1"
+        convo = chained(sessions()[:2])
+        i = list(model_calls(convo))[-1]
+        for tenant, key, control in (("a", "trip", "force"), ("b", "other", "auto")):
+            r = httpx.post(
+                f"{url}/chat/completions",
+                json={"model": "m", "messages": convo[:i]},
+                headers={
+                    "authorization": f"Bearer key-{tenant}",
+                    "x-conversation-id": key,
+                    "x-recap-compaction": control,
+                },
+                timeout=60,
+            )
+            assert r.status_code == 200
+        yield cfg, url
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_conversations_show_and_export(
+    live: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, url = live
+    code, out, _ = run(capsys, "conversations", "--config", str(cfg))
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:3] == ["UPDATED", "TENANT", "KEY"]
+    assert sorted(r.split()[2:4] for r in rows) == [["a", "trip"], ["b", "other"]]
+    code, out, _ = run(capsys, "conversations", "--config", str(cfg), "--tenant", "a", "--json")
+    assert [c["key"] for c in json.loads(out)["data"]] == ["trip"]
+
+    code, out, _ = run(capsys, "show", "trip", "--tenant", "a", "--config", str(cfg))
+    assert code == 0
+    assert "conversation  a / trip" in out
+    assert "summary       v1: covers" in out and "## User Goal" in out
+    assert "* v1" in out and "manual" in out and "forced" in out
+    # Several tenants and none named: a clear refusal.
+    code, _, err = run(capsys, "show", "trip", "--config", str(cfg))
+    assert code == 1 and "name one with --tenant (a, b)" in err
+    code, _, err = run(capsys, "show", "nope", "--tenant", "a", "--config", str(cfg))
+    assert code == 1 and "No conversation 'nope'" in err
+    code, _, err = run(capsys, "conversations", "--tenant", "zz", "--config", str(cfg))
+    assert code == 1 and err.strip() == "recap: no tenant 'zz' in the config"
+
+    # The export from the CLI is the export the API streams, line for line.
+    def api_lines() -> list[str]:
+        r = httpx.get(
+            f"{url}/recap/conversations/trip/archive", headers={"authorization": "Bearer key-a"}
+        )
+        return r.text.splitlines()
+
+    code, out, _ = run(
+        capsys, "export", "--conversation", "trip", "--tenant", "a", "--config", str(cfg)
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines == api_lines()
+    kinds = [json.loads(x)["type"] for x in lines]
+    assert kinds[0] == "conversation" and kinds[-1] == "end"
+    assert {"message", "request", "manual_compact", "summary"} <= set(kinds)
+    target = cfg.parent / "out.jsonl"
+    code, _, _ = run(
+        capsys,
+        "export",
+        "--conversation",
+        "trip",
+        "--tenant",
+        "a",
+        "--config",
+        str(cfg),
+        "-o",
+        str(target),
+    )
+    assert code == 0 and target.read_text().splitlines() == lines
+
+
+def test_compact_prints_the_summary_or_fails_loudly(
+    live: tuple[Path, str], capsys: pytest.CaptureFixture[str], fake: FakeUpstream
+) -> None:
+    cfg, url = live
+    code, out, err = run(capsys, "compact", "other", "--tenant", "b", "--config", str(cfg))
+    assert code == 0, err
+    first, *summary = out.splitlines()
+    assert first.startswith("compacted b / other: summary v1 covers ")
+    assert summary[0] == "## User Goal"
+    detail = httpx.get(
+        f"{url}/recap/conversations/other", headers={"authorization": "Bearer key-b"}
+    ).json()
+    assert detail["summary"]["version"] == 1
+    assert [c["layer"] for c in detail["compactions"]] == ["manual"]
+
+    fake.summarize = lambda body: Reply(status=500)
+    with sqlite3.connect(cfg.parent / "recap.db") as db:
+        db.execute("UPDATE conversations SET current_version = NULL WHERE key = 'other'")
+    code, out, err = run(capsys, "compact", "other", "--tenant", "b", "--config", str(cfg))
+    assert code == 1 and out == ""
+    assert err.strip() == "recap: Compaction failed: upstream status 500."
+    code, _, err = run(capsys, "compact", "nope", "--tenant", "b", "--config", str(cfg))
+    assert code == 1 and "No archived request for conversation 'nope'" in err
+
+
+def test_prune_deletes_whole_idle_conversations(
+    tmp_path: Path, upstream_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_config(tmp_path, upstream_url, archive={"retention_days": 30})
+    old = ConversationRef("a", "old")
+    fresh = ConversationRef("a", "fresh")
+    now = [time.time() - 40 * 86400]
+
+    async def seed() -> None:
+        store = open_store("sqlite:///./recap.db", str(tmp_path), clock=lambda: now[0])
+        async with store:
+            for conv in (old, fresh):
+                await store.archive_messages(conv, [("fp", '{"role":"user","content":"x"}')])
+                await store.append_event(conv, "request", {"messages": ["fp"]})
+                await store.add_summary_version(conv, NewSummary("s", 1, "h", 1, 1, "m", "forced"))
+            # Both were written 40 days ago; `fresh` is touched again today.
+            now[0] = time.time()
+            await store.append_event(fresh, "response", {})
+
+    asyncio.run(seed())
+    code, out, _ = run(capsys, "prune", "--config", str(cfg))
+    assert code == 0 and out.strip() == "pruned 1 conversation(s) idle for over 30 day(s)"
+    with sqlite3.connect(tmp_path / "recap.db") as db:
+        for table in ("conversations", "messages", "events", "summary_versions"):
+            keys = {k for (k,) in db.execute(f"SELECT key FROM {table}")}
+            assert keys == {"fresh"}, table
+    code, out, _ = run(capsys, "prune", "--config", str(cfg), "--older-than-days", "0")
+    assert code == 0 and "nothing to prune" in out
+
+
+def test_tail_shows_compactions_inline() -> None:
+    record = {
+        "ts": 1,
+        "level": "info",
+        "logger": "recap.access",
+        "request_id": "r1",
+        "status": 200,
+        "session_trigger": "context_ratio",
+        "session_failure": None,
+        "session_batches": 1,
+        "compacted_messages": 40,
+        "summary_version": 3,
+        "compaction_ms": 812,
+        "loop_failure": "timeout",
+        "trimmed_results": 2,
+        "trimmed_chars_saved": 9000,
+        "tokens_before": 12000,
+        "input_tokens": 4000,
+    }
+    plain = {"ts": 2, "level": "info", "logger": "recap.access", "request_id": "r2", "status": 200}
+    out = io.StringIO()
+    tail(io.StringIO(json.dumps(record) + "\n" + json.dumps(plain) + "\n"), out)
+    lines = out.getvalue().splitlines()
+    assert "request_id=r1" in lines[0]
+    assert [line.split("\u21b3 ")[1] for line in lines[1:5]] == [
+        "session compacted (context_ratio): 40 messages in 1 batch(es), summary v3, 812 ms",
+        "loop compaction FAILED: timeout",
+        "trimmed 2 tool result(s), 9000 chars saved",
+        "tokens 12000 -> 4000",
+    ]
+    assert "request_id=r2" in lines[5] and len(lines) == 6

@@ -1,0 +1,209 @@
+"""GET /metrics: Prometheus text that parses, per-app registries, counters that move."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import compactions_of, route_of
+from tests.conftest import LogCapture
+from tests.fakes import FakeUpstream, Reply
+from tests.test_operator import agent_loop
+from tests.trajectories import DATA, chained, model_calls, sessions
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics by (name, sorted labels)."""
+    r = httpx.get(url.removesuffix("/v1") + "/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for_value(url: str, name: str, expected: float, **labels: str) -> None:
+    # The middleware counts a request as its response ends: the client may read first.
+    deadline = time.monotonic() + 5
+    while value(scrape(url), name, **labels) != expected:
+        assert time.monotonic() < deadline, (name, labels, value(scrape(url), name, **labels))
+        time.sleep(0.01)
+
+
+def test_counters_move_as_requests_pass(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream, logs: LogCapture
+) -> None:
+    url = proxy_factory(
+        tenants={
+            "default": {
+                "api_keys": ["k"],
+                "upstream": {"base_url": upstream_url + "/v1"},
+                "compaction": {"session": {"recent_turns": 2, "min_recent_ratio": 0.01}},
+            }
+        }
+    )
+    before = scrape(url)
+    assert value(before, "recap_requests_in_flight") == 0
+    assert value(before, "recap_requests_total", route="chat", status="200") == 0
+
+    client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+    for _ in range(2):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    client.models.list()
+    wait_for_value(
+        url, "recap_requests_total", 2, route="chat", status="200", classification="turn_start"
+    )
+    wait_for_value(
+        url, "recap_requests_total", 1, route="passthrough", status="200", classification="none"
+    )
+    samples = scrape(url)
+    assert value(samples, "recap_overhead_seconds_count", route="chat") == 2
+    assert value(samples, "recap_request_duration_seconds_count", route="passthrough") == 1
+    assert value(samples, "recap_upstream_input_tokens_total") > 0
+    # The proxy's own errors, by code.
+    r = httpx.post(f"{url}/chat/completions", json={"model": "m", "messages": []})
+    assert r.status_code == 401
+    wait_for_value(url, "recap_proxy_errors_total", 1, code="invalid_api_key")
+    wait_for_value(
+        url, "recap_requests_total", 1, route="chat", status="401", classification="none"
+    )
+
+    # A forced compaction: layer manual, summarizer figures, tokens saved.
+    if DATA.exists():
+        convo = chained(sessions()[:2])
+        i = list(model_calls(convo))[-1]
+        r = httpx.post(
+            f"{url}/chat/completions",
+            json={"model": "m", "messages": convo[:i]},
+            headers={"authorization": "Bearer k", "x-recap-compaction": "force"},
+            timeout=60,
+        )
+        assert r.headers["x-recap-compaction"] == "session"
+        wait_for_value(url, "recap_compactions_total", 1, layer="manual", outcome="ok")
+        samples = scrape(url)
+        assert value(samples, "recap_summarizer_tokens_total", direction="input") == 10
+        assert value(samples, "recap_summarizer_tokens_total", direction="output") == 5
+        assert value(samples, "recap_summarizer_duration_seconds_count", layer="manual") == 1
+        saved = int(r.headers["x-recap-tokens-before"]) - int(r.headers["x-recap-tokens-after"])
+        assert value(samples, "recap_tokens_saved_total") == saved > 0
+        fake.summarize = lambda body: Reply(status=500)
+        r = httpx.post(
+            f"{url}/chat/completions",
+            json={"model": "m", "messages": convo[:i]},
+            headers={"authorization": "Bearer k", "x-recap-compaction": "force"},
+            timeout=60,
+        )
+        assert r.headers["x-recap-compaction"] == "failed"
+        wait_for_value(url, "recap_compactions_total", 1, layer="manual", outcome="failed")
+
+    # In flight: one slow request is counted while it runs, and not after.
+    fake.chat = lambda body: Reply(delay_s=0.5)
+    slow = threading.Thread(
+        target=lambda: client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "slow"}]
+        )
+    )
+    slow.start()
+    wait_for_value(url, "recap_requests_in_flight", 1)
+    slow.join()
+    wait_for_value(url, "recap_requests_in_flight", 0)
+
+    # Health checks and scrapes are neither counted nor logged, and need no key.
+    httpx.get(url.removesuffix("/v1") + "/healthz")
+    samples = scrape(url)
+    assert not any(labels and dict(labels).get("route") == "other" for _, labels in samples)
+    assert all(line["path"] != "/metrics" for line in logs.access())
+    # No label names a conversation, a tenant or a key.
+    names = {k for _, labels in samples for k, _ in labels}
+    assert names <= {
+        "route",
+        "status",
+        "classification",
+        "layer",
+        "outcome",
+        "direction",
+        "code",
+        "stage",
+        "le",
+    }
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="trajectory data not found")
+def test_loop_and_trim_layers_are_counted(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
+) -> None:
+    url = proxy_factory(
+        models={"small": {"context_window": 12000}},
+        tenants={"default": {"upstream": {"base_url": upstream_url + "/v1"}}},
+    )
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Find me a flight to SFO."}]
+    agent_loop(url, fake, history, "loop-m", "k", steps=13)
+    wait_for_value(
+        url,
+        "recap_requests_total",
+        12,  # the first step is the turn start
+        route="chat",
+        status="200",
+        classification="tool_continuation",
+    )
+    samples = scrape(url)
+    assert value(samples, "recap_compactions_total", layer="loop", outcome="ok") >= 1
+    assert value(samples, "recap_compactions_total", layer="trim", outcome="ok") >= 1
+    assert value(samples, "recap_tokens_saved_total") > 0
+
+
+def test_each_app_has_its_own_registry(proxy_factory: Callable[..., str]) -> None:
+    one, two = proxy_factory(), proxy_factory()
+    httpx.post(
+        f"{one}/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+    )
+    wait_for_value(
+        one, "recap_requests_total", 1, route="chat", status="200", classification="turn_start"
+    )
+    assert (
+        value(
+            scrape(two),
+            "recap_requests_total",
+            route="chat",
+            status="200",
+            classification="turn_start",
+        )
+        == 0
+    )
+
+
+def test_log_fields_to_layers_and_routes() -> None:
+    assert compactions_of({}) == []
+    assert compactions_of({"session_trigger": "context_ratio", "session_failure": None}) == [
+        ("session", "ok")
+    ]
+    assert compactions_of({"session_trigger": "forced", "session_failure": "timeout"}) == [
+        ("manual", "failed")
+    ]
+    assert compactions_of(
+        {"loop_failure": "timeout", "trimmed_results": 2, "dropped_messages": 3}
+    ) == [("loop", "failed"), ("trim", "ok"), ("fit_to_window", "ok")]
+    assert compactions_of({"loop_trigger": "tool_rounds", "manual_compaction": "skipped"}) == [
+        ("loop", "ok"),
+        ("manual", "skipped"),
+    ]
+    assert [route_of(p) for p in ("/v1/chat/completions", "/v1/models", "/v1/recap/x", "/x")] == [
+        "chat",
+        "passthrough",
+        "operator",
+        "other",
+    ]
