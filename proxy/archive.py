@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
@@ -41,12 +42,17 @@ def message_json(message: Message) -> str:
 
 
 class Archiver:
-    def __init__(self, store: Store, known_limit: int = 200_000) -> None:
+    def __init__(
+        self, store: Store, known_limit: int = 200_000, known_ttl_s: float = 3600.0
+    ) -> None:
         self.store = store
-        # (conversation, fingerprint) pairs known to be on disk: most of a re-sent
-        # history is, so most requests archive one or two messages, not all of them.
-        self._known: OrderedDict[tuple[ConversationRef, str], None] = OrderedDict()
+        # (conversation, fingerprint) pairs known to be on disk, with when that was
+        # learnt: most of a re-sent history is, so most requests archive one or two
+        # messages, not all of them. Knowledge expires (`known_ttl_s`), so a prune by
+        # another process (the CLI) cannot leave a resumed conversation unarchived.
+        self._known: OrderedDict[tuple[ConversationRef, str], float] = OrderedDict()
         self._known_limit = known_limit
+        self.known_ttl_s = known_ttl_s
         self._tasks: set[asyncio.Task[None]] = set()
         self._queue: list[ExchangeRecord] = []
         self._wake = asyncio.Event()
@@ -58,17 +64,20 @@ class Archiver:
     ) -> list[tuple[str, str]]:
         """(fingerprint, json) of the messages not known to be archived, each once."""
         rows: dict[str, str] = {}
+        stale = time.monotonic() - self.known_ttl_s
         for fp, m in zip(fps, messages, strict=True):
-            key = (conv, fp)
-            if key in self._known:
-                self._known.move_to_end(key)
-            elif fp not in rows:
+            learnt = self._known.get((conv, fp))
+            if learnt is not None and learnt > stale:
+                continue
+            if fp not in rows:
                 rows[fp] = message_json(m)
         return list(rows.items())
 
     def _remember(self, conv: ConversationRef, rows: Sequence[tuple[str, str]]) -> None:
+        now = time.monotonic()
         for fp, _ in rows:
-            self._known[(conv, fp)] = None
+            self._known[(conv, fp)] = now
+            self._known.move_to_end((conv, fp))
         while len(self._known) > self._known_limit:
             self._known.popitem(last=False)
 

@@ -97,7 +97,7 @@ def test_conversations_show_and_export(
     assert code == 0
     assert "conversation  a / trip" in out
     assert "summary       v1: covers" in out and "## User Goal" in out
-    assert "* v1" in out and "manual" in out and "forced" in out
+    assert "* v1" in out and "manual" in out and "forced" not in out
     # Several tenants and none named: a clear refusal.
     code, _, err = run(capsys, "show", "trip", "--config", str(cfg))
     assert code == 1 and "name one with --tenant (a, b)" in err

@@ -103,7 +103,12 @@ def test_counters_move_as_requests_pass(
         r = httpx.post(
             f"{url}/chat/completions",
             json={"model": "m", "messages": convo[:i]},
-            headers={"authorization": "Bearer k", "x-recap-compaction": "force"},
+            # A fresh conversation: the first one has nothing left worth compacting.
+            headers={
+                "authorization": "Bearer k",
+                "x-recap-compaction": "force",
+                "x-conversation-id": "metrics-failing",
+            },
             timeout=60,
         )
         assert r.headers["x-recap-compaction"] == "failed"

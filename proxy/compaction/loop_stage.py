@@ -191,9 +191,12 @@ class LoopStage:
         ex.log_fields.update(
             loop_trigger=plan.trigger,
             loop_rounds_compacted=covered - plan.covered_rounds,
-            summarizer_tokens_in=result.input_tokens,
-            summarizer_tokens_out=result.output_tokens,
-            restored_references=result.restored_references,
+            summarizer_tokens_in=ex.log_fields.get("summarizer_tokens_in", 0) + result.input_tokens,
+            summarizer_tokens_out=ex.log_fields.get("summarizer_tokens_out", 0)
+            + result.output_tokens,
+            restored_references=ex.log_fields.get("restored_references", 0)
+            + result.restored_references,
+            loop_compaction_ms=int((time.perf_counter() - start) * 1000),
         )
         await self._audit(ex, plan, "", (before, after), start, result.model)
         await ex.notify("recap compacted")

@@ -150,9 +150,10 @@ def plan_session(
         ):
             # Over the trigger, but too little history since the boundary to be worth a call.
             return skip("anti_loop" if applied is not None else "too_few_messages", trigger)
-        growth = _summary_after(summary_tokens, slice_tokens, policy) - summary_tokens
-        if slice_tokens - growth < policy.min_saving_tokens:
-            return skip("saving_below_min", trigger)
+    growth = _summary_after(summary_tokens, slice_tokens, policy) - summary_tokens
+    # Forced (manual) compaction skips min_saving_tokens, but never makes the request bigger.
+    if slice_tokens - growth < (1 if force else policy.min_saving_tokens):
+        return skip("saving_below_min", trigger)
 
     batches = _batches(body, covered, cut, policy)
     new_covered = batches[-1][1]

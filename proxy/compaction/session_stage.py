@@ -194,7 +194,7 @@ class SessionStage:
                     input_tokens=result.input_tokens,
                     output_tokens=result.output_tokens,
                     model=result.model,
-                    reason=str(plan.trigger),
+                    reason=_reason(ex, plan),
                 ),
             )
             applied = AppliedSummary(summary, b, version.version)
@@ -217,9 +217,9 @@ class SessionStage:
             session_failure=failure or None,
             compacted_messages=(applied.covered if applied else 0)
             - (plan.applied.covered if plan.applied else 0),
-            summarizer_tokens_in=tokens_in,
-            summarizer_tokens_out=tokens_out,
-            restored_references=restored,
+            summarizer_tokens_in=ex.log_fields.get("summarizer_tokens_in", 0) + tokens_in,
+            summarizer_tokens_out=ex.log_fields.get("summarizer_tokens_out", 0) + tokens_out,
+            restored_references=ex.log_fields.get("restored_references", 0) + restored,
             compaction_ms=duration_ms,
         )
         chars_before = _chars(body[plan.applied.covered if plan.applied else 0 :])
@@ -231,7 +231,7 @@ class SessionStage:
             conv,
             CompactionRecord(
                 layer="manual" if ex.control == "force" else "session",
-                reason=str(plan.trigger),
+                reason=_reason(ex, plan),
                 outcome="failed" if failure else "ok",
                 detail=failure,
                 tokens_before=plan.tokens_before,
@@ -268,6 +268,11 @@ class SessionStage:
         old_sum = measure.text(plan.applied.summary) if plan.applied else 0
         removed = sum(measure.tokens(m) for m in body[old_cov : applied.covered])
         return removed + old_sum - measure.text(applied.summary)
+
+
+def _reason(ex: Exchange, plan: SessionPlan) -> str:
+    # A forced compaction is a manual one, whether from the API, the CLI or the header.
+    return "manual" if plan.trigger == "forced" else str(plan.trigger)
 
 
 def _chars(messages: Sequence[Message]) -> int:

@@ -312,12 +312,22 @@ def test_over_the_window_with_few_huge_turns_keeps_fewer_turns() -> None:
 def test_forced_compaction_bypasses_thresholds_but_needs_something() -> None:
     conversation = [
         {"role": "system", "content": "s"},
-        {"role": "user", "content": "one"},
-        {"role": "assistant", "content": "1"},
+        {"role": "user", "content": "one " * 4000},
+        {"role": "assistant", "content": "1 " * 4000},
         {"role": "user", "content": "two"},
     ]
     pinned, body = split_pinned(conversation)
     policy = SessionCompaction()
+    # Forced never means bigger: a slice no larger than the summary it would become is kept.
+    tiny = [
+        conversation[0],
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+    ]
+    tiny_plan = plan_session(
+        tiny[:1], [*tiny[1:], conversation[3]], None, policy, 96000, count, count_text, True
+    )
+    assert tiny_plan.skip_reason == "saving_below_min" and not tiny_plan.compacts
     plan = plan_session(pinned, body, None, policy, 96000, count, count_text)
     assert plan.skip_reason == "below_threshold" and not plan.compacts
     forced = plan_session(pinned, body, None, policy, 96000, count, count_text, force=True)
