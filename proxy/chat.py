@@ -35,6 +35,7 @@ from proxy.relay import (
     until_disconnect,
 )
 from proxy.sse import AnswerRecorder
+from proxy.stages import count_for_log
 from proxy.state import AppState
 from proxy.upstream import request_headers, response_headers, translate, upstream_url
 
@@ -174,6 +175,8 @@ class ChatCompletions:
             await self._relay(response, responder, extra, recorder)
         finally:
             await response.aclose()
+            if exchange is not None:
+                count_for_log(exchange)
             if recorder is not None and exchange is not None:
                 answer = {"status": response.status_code} | recorder.result()
                 state.archiver.finish(exchange, answer)

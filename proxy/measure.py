@@ -9,6 +9,7 @@ earlier request cost nothing to count again.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ class Measure:
         # id(message) -> (message, value): the message is held so its id stays unique.
         self._fps: dict[int, tuple[Any, str]] = {}
         self._tokens: dict[int, tuple[Any, int]] = {}
+        self._bounds: dict[int, tuple[Any, int]] = {}
 
     def seed(self, messages: Sequence[Message], fingerprints: Sequence[str]) -> None:
         """Fingerprints computed elsewhere (the incremental cache) for these messages."""
@@ -49,9 +51,44 @@ class Measure:
         self._tokens[id(message)] = (message, n)
         return n
 
+    def at_most(self, messages: Iterable[Message]) -> int:
+        """An upper bound of `total` that tokenizes nothing: exact for messages counted
+        before, and for new ones their UTF-8 size bound (a token is at least one byte,
+        a character at most four), so a request far below a trigger costs no tokenizing."""
+        bound = REPLY_PRIMING_TOKENS
+        for m in messages:
+            known = self._tokens.get(id(m)) or self._bounds.get(id(m))
+            if known is None:
+                hit = self._fps.get(id(m))
+                cached = self.counter.peek(self.model, hit[1]) if hit else None
+                known = self._bounds[id(m)] = (m, cached if cached is not None else _size_bound(m))
+            bound += known[1]
+        return bound
+
     def text(self, text: str) -> int:
         return self.counter.count_text(text, self.model)
 
     def total(self, messages: Iterable[Message]) -> int:
         """What a request's messages weigh, with the reply priming (as count_messages)."""
         return sum(self.tokens(m) for m in messages) + REPLY_PRIMING_TOKENS
+
+
+# Per-message and per-call framing tokens, generously (tokens.py counts 3 and 3).
+_FRAMING = 16
+
+
+def _size_bound(message: Message) -> int:
+    """Tokens <= 4 x characters of every string in the message, plus framing.
+
+    Image parts weigh a fixed count that their URL's length does not bound, so any
+    list content or odd shape is far over any trigger's bound: it is simply counted.
+    """
+    chars = 0
+    for key, value in message.items():
+        if isinstance(value, str):
+            chars += len(value) + len(key)
+        elif key == "tool_calls" and isinstance(value, list):
+            chars += len(json.dumps(value))
+        elif value is not None:
+            return 1 << 40
+    return 4 * chars + _FRAMING

@@ -9,14 +9,17 @@ from __future__ import annotations
 from proxy.pipeline import Exchange
 
 
+def count_for_log(exchange: Exchange) -> None:
+    if "input_tokens" not in exchange.log_fields:
+        exchange.log_fields["input_tokens"] = exchange.measure.total(exchange.messages)
+
+
 class EstimateTokens:
     """Estimate the outgoing input tokens (logged, and used by later figures)."""
 
     name = "estimate_tokens"
 
     async def __call__(self, exchange: Exchange) -> None:
-        tokens = exchange.measure.total(exchange.messages)
-        exchange.log_fields["input_tokens"] = tokens
         if exchange.compaction_failed:
             exchange.response_headers["x-recap-compaction"] = "failed"
         else:
@@ -24,6 +27,10 @@ class EstimateTokens:
                 "x-recap-compaction", ",".join(exchange.layers) or "none"
             )
         if exchange.changed:
+            # The headers need both counts now; otherwise the count is made for the
+            # log after the response (`count_for_log`), off the latency path.
+            tokens = exchange.measure.total(exchange.messages)
+            exchange.log_fields["input_tokens"] = tokens
             before = exchange.measure.total(exchange.original)
             exchange.log_fields["tokens_before"] = before
             exchange.response_headers["x-recap-tokens-before"] = str(before)

@@ -223,6 +223,11 @@ class TokenCounter:
         name, encoder = self._resolve(model)
         return self._count_message(message, name, encoder, fingerprint)
 
+    def peek(self, model: str | None, fingerprint: str) -> int | None:
+        """The cached count of a message, if it was counted before (no tokenizing)."""
+        name, _ = self._resolve(model)
+        return self._cache.get((name, fingerprint))
+
     def count_messages(self, messages: Sequence[Any], model: str | None = None) -> int:
         """What a request's messages weigh: each message, plus the priming of the reply."""
         name, encoder = self._resolve(model)

@@ -109,7 +109,13 @@ class LoopStage:
         rounds_needed = max(policy.loop_recent_tool_rounds, 1) + max(
             policy.loop_trigger_tool_rounds, 1
         )
-        return calls < rounds_needed and ex.measure.total(messages) < policy.loop_trigger_tokens
+        if calls >= rounds_needed:
+            return False
+        measure = ex.measure
+        return (
+            measure.at_most(messages) < policy.loop_trigger_tokens
+            or measure.total(messages) < policy.loop_trigger_tokens
+        )
 
     def _turn_hash(self, ex: Exchange) -> str | None:
         """Chain hash of the client's history up to and including the turn's user message."""

@@ -32,6 +32,8 @@ class TrimStage:
         policy = ex.tenant.compaction.trim
         if ex.control == "off" or not policy.enabled:
             return
+        if ex.measure.at_most(ex.messages) < policy.trim_trigger_ratio * ex.context_window:
+            return  # far below the trigger: no need to count exactly
         plan = plan_trim(
             ex.messages, policy, ex.context_window, ex.measure.tokens, len(ex.messages)
         )
@@ -61,6 +63,8 @@ class FitToWindow:
         if not starts:
             return
         budget = ex.context_window - output_reserve(ex)
+        if ex.measure.at_most(ex.messages) <= budget:
+            return
         messages, dropped = fit_to_window(
             len(ex.identity.pinned),
             ex.messages,
