@@ -154,7 +154,7 @@ class ChatCompletions:
         request = client.build_request(
             "POST",
             upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
-            headers=request_headers(scope["headers"], upstream, keep_encoding=False),
+            headers=request_headers(scope["headers"], upstream, keep_encoding=True),
             content=payload,
         )
         try:
@@ -169,7 +169,10 @@ class ChatCompletions:
         recorder = None
         if exchange is not None and exchange.archive_now is not None:
             ctype = response.headers.get("content-type", "")
-            recorder = AnswerRecorder(streamed=ctype.startswith("text/event-stream"))
+            recorder = AnswerRecorder(
+                streamed=ctype.startswith("text/event-stream"),
+                encoding=response.headers.get("content-encoding", ""),
+            )
         try:
             fields["upstream_status"] = response.status_code
             await self._relay(response, responder, extra, recorder)
@@ -202,10 +205,12 @@ class ChatCompletions:
             responder.sse = response.headers.get("content-type", "").startswith("text/event-stream")
             if responder.sse:
                 extra = {**extra, "x-accel-buffering": "no"}
-            headers = response_headers(response.headers, decoded=True, extra=extra)
+            headers = response_headers(response.headers, decoded=False, extra=extra)
             await responder.start(response.status_code, headers)
         try:
-            async for chunk in response.aiter_bytes():
+            # Raw bytes, as the upstream sent them (compressed ones stay compressed, with
+            # their Content-Encoding): nothing is decoded on the way to the client.
+            async for chunk in response.aiter_raw():
                 await responder.chunk(chunk)
                 if recorder is not None:
                     recorder.feed(chunk)

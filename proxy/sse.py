@@ -12,12 +12,15 @@ recorder stops collecting (the stream itself goes on).
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 
 class AnswerRecorder:
-    def __init__(self, streamed: bool, limit: int = 8 * 1024 * 1024) -> None:
+    def __init__(self, streamed: bool, encoding: str = "", limit: int = 8 * 1024 * 1024) -> None:
         self.streamed = streamed
+        # The copy is of the raw bytes; a Content-Encoding is undone only when reading it.
+        self.encoding = encoding.strip().lower()
         self.limit = limit
         self.size = 0
         self.truncated = False
@@ -39,9 +42,25 @@ class AnswerRecorder:
             return
         self._body += chunk
 
-    def _parse_stream(self) -> None:
+    def _decoded(self) -> bytes | None:
+        body = bytes(self._body)
+        if self.encoding in ("", "identity"):
+            return body
+        try:
+            if self.encoding in ("gzip", "x-gzip"):
+                return zlib.decompress(body, wbits=16 + zlib.MAX_WBITS)
+            if self.encoding == "deflate":
+                try:
+                    return zlib.decompress(body)
+                except zlib.error:
+                    return zlib.decompress(body, wbits=-zlib.MAX_WBITS)
+        except zlib.error:
+            return None
+        return None  # an encoding we cannot read here (br, zstd): archived as unparsed
+
+    def _parse_stream(self, body: bytes) -> None:
         payloads = []
-        for line in bytes(self._body).split(b"\n"):
+        for line in body.split(b"\n"):
             if line.startswith(b"data:"):
                 payload = line[5:].strip()
                 if payload and payload != b"[DONE]":
@@ -97,9 +116,12 @@ class AnswerRecorder:
 
     def result(self) -> dict[str, Any]:
         """The archived `response` payload: the assistant message, usage, finish reason."""
+        body = None if self.truncated else self._decoded()
+        if body is None:
+            return {"message": None, "truncated": self.truncated, "unparsed": True}
         if not self.streamed:
-            return self._whole()
-        self._parse_stream()
+            return self._whole(body)
+        self._parse_stream(body)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
         if self.refusal:
             message["refusal"] = "".join(self.refusal)
@@ -114,9 +136,9 @@ class AnswerRecorder:
             "truncated": self.truncated,
         }
 
-    def _whole(self) -> dict[str, Any]:
+    def _whole(self, raw: bytes) -> dict[str, Any]:
         try:
-            body = json.loads(bytes(self._body)) if not self.truncated else None
+            body = json.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict):

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from proxy.store import open_store
+from proxy.store.base import ConversationRef, Event
 from tests.fakes import FakeUpstream, Reply
 
 MESSAGES: list[Any] = [
@@ -152,12 +156,37 @@ def test_concurrent_streams_do_not_block_each_other(proxy_url: str, fake: FakeUp
 
 @pytest.mark.parametrize("gzip_reply", [True, False])
 def test_compressed_upstream_json_is_decoded_once(
-    proxy_url: str, fake: FakeUpstream, gzip_reply: bool
+    proxy_url: str, fake: FakeUpstream, gzip_reply: bool, tmp_path: Path
 ) -> None:
     fake.script([Reply(content="compressed answer", gzip=gzip_reply)])
-    r = httpx.post(f"{proxy_url}/chat/completions", json={"model": "m", "messages": MESSAGES})
-    assert r.status_code == 200
-    assert "content-encoding" not in r.headers
+    body = {"model": "m", "messages": MESSAGES}
+    with httpx.Client() as c:
+        r = c.post(f"{proxy_url}/chat/completions", json=body, headers={"x-conversation-id": "gz"})
+        assert r.status_code == 200
+        # Relayed raw: a compressed body keeps its encoding and its exact length...
+        assert r.headers.get("content-encoding") == ("gzip" if gzip_reply else None)
+        raw = c.send(
+            c.build_request("POST", f"{proxy_url}/chat/completions", json=body), stream=True
+        )
+        wire = b"".join(raw.iter_raw())
+        raw.close()
+    assert int(r.headers["content-length"]) == len(wire)
+    # ...and the client decodes it exactly once.
     assert r.json()["choices"][0]["message"]["content"] == "compressed answer"
-    assert r.headers.get("content-length", str(len(r.content))) == str(len(r.content))
     assert r.headers.get_list("date") == r.headers.get_list("date")[:1]
+    # The archive still reads the answer (it undoes the encoding on its own copy).
+    events = wait_for_events(tmp_path / "recap.db", ConversationRef("default", "gz"), "response")
+    assert events[0].payload["message"]["content"] == "compressed answer"
+
+
+def wait_for_events(db: Path, conv: ConversationRef, kind: str, timeout: float = 5) -> list[Event]:
+    """The proxy archives in the background just after a response: poll, bounded."""
+
+    async def read() -> list[Event]:
+        async with open_store(f"sqlite:///{db}", ".") as store:
+            return [e async for e in store.events(conv) if e.type == kind]
+
+    deadline = time.monotonic() + timeout
+    while not (found := asyncio.run(read())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
