@@ -70,7 +70,7 @@ def build_stages(state: AppState) -> list[Stage]:
     scenes = load_scenes(config)
     summarizer = Summarizer(state.upstreams, config.tenants)
     return [
-        ArchiveOriginals(state.archiver, FingerprintCache()),
+        ArchiveOriginals(state.archiver, state.fingerprints),
         SessionStage(state.store, summarizer, scenes, state.counter, config.tenants),
         LoopStage(state.store, summarizer, scenes),
         TrimStage(),
@@ -106,6 +106,7 @@ def create_app(config: Config) -> Starlette:
             counter=counter,
             store=store,
             archiver=Archiver(store),
+            fingerprints=FingerprintCache(),
             pipeline=Pipeline([]),
         )
         state.pipeline = Pipeline(build_stages(state))

@@ -188,9 +188,9 @@ class ArchiveOriginals:
         self.cache = fingerprints
 
     async def __call__(self, ex: Exchange, /) -> None:
-        ident = self.cache.identity(ex.conversation, ex.original)
+        ident = self.cache.identity(ex.conversation, ex.original, ex.model)
         fps = ex.fingerprints = ident.fingerprints
-        ex.measure.seed(ex.original, fps)
+        ex.measure.seed(ex.original, fps, ident.counts)
         p = ident.pinned
         ex.identity = History(ex.original[:p], ex.original[p:], ident.chain)
         ex.unarchived = self.archiver.missing(ex.conversation, fps, ex.original)

@@ -180,6 +180,11 @@ class ChatCompletions:
             await response.aclose()
             if exchange is not None:
                 count_for_log(exchange)
+                state.fingerprints.remember_counts(
+                    exchange.conversation,
+                    exchange.original,
+                    exchange.measure.counted(exchange.original),
+                )
             if recorder is not None and exchange is not None:
                 answer = {"status": response.status_code} | recorder.result()
                 state.archiver.finish(exchange, answer)

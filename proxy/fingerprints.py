@@ -4,13 +4,15 @@ Clients re-send the whole history on every request, so the proxy sees the same
 messages again and again. Hashing a message costs a canonical JSON dump and a
 sha256 (about 5 µs); comparing it with the message at the same position of the
 conversation's previous request costs a C-level dict comparison (about 0.1 µs).
-This cache keeps each conversation's previous messages with their fingerprints
-and chain hashes, and only hashes what changed, so a long history costs little
-more than a short one. Equal dicts have equal identity fields, so reuse is exact.
+This cache keeps each conversation's previous messages with their fingerprints,
+chain hashes and token counts, and only hashes (and counts) what changed, so a
+long history costs little more than a short one. Equal dicts have equal identity
+fields, so reuse is exact.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -27,15 +29,23 @@ class Identity:
     pinned: int
     # chain[i] identifies body[: i + 1], where body = messages[pinned:].
     chain: list[str]
+    # Token counts of the leading messages, as counted for `model` last time (None:
+    # not counted then); shorter than the messages where the history changed.
+    counts: list[int | None]
+    model: str | None
 
 
 class FingerprintCache:
     def __init__(self, max_messages: int = 200_000) -> None:
         self.max_messages = max_messages
         self._held = 0
-        self._entries: OrderedDict[ConversationRef, tuple[list[Message], Identity]] = OrderedDict()
+        self._entries: OrderedDict[ConversationRef, tuple[Sequence[Message], Identity]] = (
+            OrderedDict()
+        )
 
-    def identity(self, conv: ConversationRef, messages: Sequence[Message]) -> Identity:
+    def identity(
+        self, conv: ConversationRef, messages: Sequence[Message], model: str | None
+    ) -> Identity:
         previous = self._entries.pop(conv, None)
         old_messages, old = previous if previous else ([], None)
         if previous:
@@ -53,10 +63,21 @@ class FingerprintCache:
         for fp in fps[pinned + len(chain) :]:
             h = hashlib.sha256((h + fp).encode("ascii")).hexdigest()
             chain.append(h)
-        ident = Identity(fps, pinned, chain)
-        self._entries[conv] = (list(messages), ident)
+        counts = old.counts[:same] if old is not None and old.model == model else []
+        ident = Identity(fps, pinned, chain, counts, model)
+        # The request's own list is kept (not copied): nothing mutates a client's messages.
+        self._entries[conv] = (messages, ident)
         self._held += len(messages)
         while self._held > self.max_messages and len(self._entries) > 1:
             _, (dropped, _) = self._entries.popitem(last=False)
             self._held -= len(dropped)
         return ident
+
+    def remember_counts(
+        self, conv: ConversationRef, messages: Sequence[Message], counts: list[int | None]
+    ) -> None:
+        """Token counts made during the request, for the next request to reuse."""
+        entry = self._entries.get(conv)
+        if entry is not None and entry[0] is messages:
+            ident = entry[1]
+            self._entries[conv] = (entry[0], dataclasses.replace(ident, counts=counts))

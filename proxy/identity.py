@@ -73,18 +73,20 @@ def _sent_key(config: Config, headers: Mapping[str, str], body: Any) -> str | No
 
 def _derived_key(messages: Sequence[Any]) -> str:
     """Stable for clients that send no key: the pinned prompt and the first user message."""
-    head: list[Any] = []
+    h = hashlib.sha256()
     for m in messages:
         if not isinstance(m, Mapping):
             break
-        if m.get("role") in PINNED_ROLES:
-            head.append([m.get("role"), m.get("content")])
-            continue
-        if m.get("role") == "user":
-            head.append(["user", m.get("content")])
-        break
-    blob = json.dumps(head, sort_keys=True, ensure_ascii=False, default=str)
-    return "auto-" + hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        role = m.get("role")
+        if role in PINNED_ROLES or role == "user":
+            content = m.get("content")
+            text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+            # Length-prefixed, so two different splits of the same text differ.
+            part = f"{role}\x00{len(text)}\x00{text}"
+            h.update(part.encode("utf-8", "surrogatepass"))
+        if role not in PINNED_ROLES:
+            break
+    return "auto-" + h.hexdigest()[:32]
 
 
 def conversation_ref(

@@ -26,10 +26,22 @@ class Measure:
         self._tokens: dict[int, tuple[Any, int]] = {}
         self._bounds: dict[int, tuple[Any, int]] = {}
 
-    def seed(self, messages: Sequence[Message], fingerprints: Sequence[str]) -> None:
-        """Fingerprints computed elsewhere (the incremental cache) for these messages."""
+    def seed(
+        self,
+        messages: Sequence[Message],
+        fingerprints: Sequence[str],
+        counts: Sequence[int | None] = (),
+    ) -> None:
+        """Fingerprints (and token counts) known already for these messages."""
         for m, fp in zip(messages, fingerprints, strict=True):
             self._fps[id(m)] = (m, fp)
+        for m, n in zip(messages, counts, strict=False):
+            if n is not None:
+                self._tokens[id(m)] = (m, n)
+
+    def counted(self, messages: Sequence[Message]) -> list[int | None]:
+        """The counts made so far for these messages (None where none was)."""
+        return [hit[1] if (hit := self._tokens.get(id(m))) else None for m in messages]
 
     def fingerprint(self, message: Message) -> str:
         hit = self._fps.get(id(message))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from proxy.archive import Archiver
 from proxy.config import Config
+from proxy.fingerprints import FingerprintCache
 from proxy.pipeline import Pipeline
 from proxy.store.base import Store
 from proxy.tokens import TokenCounter
@@ -19,4 +20,5 @@ class AppState:
     counter: TokenCounter
     store: Store
     archiver: Archiver
+    fingerprints: FingerprintCache
     pipeline: Pipeline

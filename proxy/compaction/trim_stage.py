@@ -59,11 +59,11 @@ class FitToWindow:
     async def __call__(self, ex: Exchange, /) -> None:
         if ex.control == "off":
             return
-        starts = turn_starts(ex.messages)
-        if not starts:
-            return
         budget = ex.context_window - output_reserve(ex)
         if ex.measure.at_most(ex.messages) <= budget:
+            return
+        starts = turn_starts(ex.messages)
+        if not starts:
             return
         messages, dropped = fit_to_window(
             len(ex.identity.pinned),
