@@ -85,6 +85,11 @@ class TrimCompaction:
     trim_keep_recent: int = 3
     trim_min_chars: int = 2000
     trim_exclude_tools: tuple[str, ...] = ()
+    # Decreasing fidelity (seed 000 §8): older than the session's recent turns, an
+    # assistant message's text over this many characters keeps its head and tail...
+    fidelity_max_chars: int = 4000
+    # ...and its tool-call arguments over this many are shortened (0 disables either).
+    fidelity_max_args_chars: int = 1000
 
 
 @dataclass(frozen=True)

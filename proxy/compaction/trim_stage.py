@@ -1,20 +1,23 @@
 """The trim stage and the last resort: model-free, on every request, after summaries.
 
     trim           once the view passes trim_trigger_ratio of the window, old large
-                   tool results become placeholders pointing at the archived original
+                   tool results become placeholders pointing at the archived original,
+                   and assistant messages older than the recent turns lose fidelity
+                   (long text cut to head and tail, long tool arguments shortened)
     fit_to_window  if the view is still over the window (less the requested output),
                    the oldest raw turns or rounds after the summary are dropped, whole,
                    rather than letting the upstream fail with a context-length error
 
-Both are pure over the view (`trim.plan_trim`, `trim.fit_to_window`); the originals
-are already archived by the archive stage, so nothing is lost.
+All pure over the view (`trim`, `fidelity`); the originals are archived before
+anything replaces them (`ensure_archived`), so nothing is lost.
 """
 
 from __future__ import annotations
 
 import logging
 
-from proxy.compaction.trim import apply_trim, fit_to_window, plan_trim
+from proxy.compaction.fidelity import plan_fidelity
+from proxy.compaction.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
 from proxy.conversation import turn_starts
 from proxy.messages import fingerprint
 from proxy.pipeline import Exchange
@@ -32,17 +35,31 @@ class TrimStage:
         policy = ex.tenant.compaction.trim
         if ex.control == "off" or not policy.enabled:
             return
-        if ex.measure.at_most(ex.messages) < policy.trim_trigger_ratio * ex.context_window:
-            return  # far below the trigger: no need to count exactly
-        plan = plan_trim(
-            ex.messages, policy, ex.context_window, ex.measure.tokens, len(ex.messages)
+        trigger = policy.trim_trigger_ratio * ex.context_window
+        if ex.measure.at_most(ex.messages) < trigger or ex.measure.total(ex.messages) < trigger:
+            return  # the bound spares counting when far below the trigger
+        messages = ex.messages
+        plan = plan_trim(messages, policy, ex.context_window, ex.measure.tokens, len(messages))
+        # Older than the session's recent turns, assistant messages lose fidelity too.
+        starts = turn_starts(messages)
+        recent = ex.tenant.compaction.session.recent_turns
+        shortened = plan_fidelity(
+            messages,
+            policy.fidelity_max_chars,
+            policy.fidelity_max_args_chars,
+            starts[-recent] if recent > 0 and len(starts) >= recent else 0,
         )
-        if not plan.trimmed or not await ex.ensure_archived():
+        replacements = {**plan.replacements, **shortened}
+        if not replacements or not await ex.ensure_archived():
             return
-        ex.trimmed = [fingerprint(ex.messages[i]) for i in sorted(plan.replacements)]
-        ex.messages = apply_trim(ex.messages, plan)
+        ex.trimmed = [fingerprint(messages[i]) for i in sorted(replacements)]
+        ex.messages = apply_trim(messages, TrimPlan(replacements))
         ex.layers.append("trim")
-        ex.log_fields.update(trimmed_results=plan.trimmed, trimmed_chars_saved=plan.saved_chars)
+        ex.log_fields.update(
+            trimmed_results=plan.trimmed,
+            trimmed_chars_saved=plan.saved_chars,
+            shortened_messages=len(shortened) or None,
+        )
 
 
 def output_reserve(ex: Exchange) -> int:

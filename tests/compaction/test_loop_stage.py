@@ -196,3 +196,33 @@ def test_trim_is_byte_stable_and_spares_users_and_excluded_tools(
         assert all(
             "recap://message/" not in (m.get("content") or "") for m in last[r.start : r.end]
         )
+
+
+def test_old_assistant_answers_lose_fidelity_recent_ones_do_not(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
+) -> None:
+    url = proxy_factory(
+        models={"small": {"context_window": 20000}},
+        tenants={
+            "default": {
+                "upstream": {"base_url": upstream_url + "/v1"},
+                "compaction": {"session": {"enabled": False}, "loop": {"enabled": False}},
+            }
+        },
+    )
+    history: list[dict[str, Any]] = []
+    for i in range(10):
+        history.append({"role": "user", "content": f"question {i}"})
+        history.append({"role": "assistant", "content": f"answer {i} " + "detail " * 1200})
+    history.append({"role": "user", "content": "and now?"})
+    client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(model="small", messages=history)  # type: ignore[arg-type]
+    assert "trim" in raw.headers["x-recap-compaction"]
+    sent = fake.chat_requests()[-1].json["messages"]
+    assert check_history(sent) == [] and len(sent) == len(history)
+    assistants = [(a, b) for a, b in zip(history, sent, strict=True) if a["role"] == "assistant"]
+    # The last 6 turns (session.recent_turns) include the current one: 5 answers stay whole.
+    old, recent = assistants[:-5], assistants[-5:]
+    assert all(len(b["content"]) <= 4000 < len(a["content"]) for a, b in old)
+    assert all(a == b for a, b in recent)
+    assert [m for m in sent if m["role"] == "user"] == [m for m in history if m["role"] == "user"]
