@@ -110,8 +110,9 @@ def test_sixty_step_loop_bounded_valid_and_cheap(
             client_view = history[: len(history)]
             tail = msgs[rounds[-5].start :]
             assert all(m in client_view for m in tail)
-    # The working set is bounded: never more than recent (5) + trigger (5) raw rounds.
-    assert raw_rounds_max <= 10
+    # The working set is bounded (the README states it): at most recent (5) + trigger (5) - 1
+    # raw rounds, since the request that reaches 10 is compacted before it is sent.
+    assert raw_rounds_max == 9
     # Rolling: each call merges into the working summary the previous call produced.
     for prev, cur in itertools.pairwise(summarize):
         produced = (
