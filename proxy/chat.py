@@ -31,6 +31,7 @@ from proxy.relay import (
     Scope,
     Send,
     content_length,
+    header_map,
     read_body,
     until_disconnect,
 )
@@ -82,7 +83,7 @@ class ChatCompletions:
         start = time.perf_counter()
         fields = log_fields(scope)
         responder = Responder(send, [])
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = header_map(scope)
         config = state.config
         try:
             tenant = resolve_tenant(config, headers)

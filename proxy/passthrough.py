@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from proxy.errors import PayloadTooLarge, RecapError
+from proxy.errors import RecapError
 from proxy.identity import resolve_tenant
 from proxy.logs import log_fields
 from proxy.relay import (
@@ -22,7 +22,10 @@ from proxy.relay import (
     Responder,
     Scope,
     Send,
+    body_chunks,
+    check_declared,
     content_length,
+    header_map,
     until_disconnect,
 )
 from proxy.state import AppState
@@ -37,14 +40,13 @@ class Passthrough:
         start = time.perf_counter()
         fields = log_fields(scope)
         responder = Responder(send, [])
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = header_map(scope)
         limit = state.config.max_body_bytes
         try:
             tenant = resolve_tenant(state.config, headers)
             fields["tenant"] = tenant.name
             declared = content_length(scope)
-            if declared is not None and declared > limit:
-                raise PayloadTooLarge(f"Request body is over the proxy's limit of {limit} bytes.")
+            check_declared(declared, limit)
             has_body = declared is not None or "transfer-encoding" in headers
             body_done = asyncio.Event()
             upstream = tenant.upstream
@@ -98,19 +100,9 @@ class Passthrough:
 
 
 async def _body(receive: Receive, limit: int, done: asyncio.Event) -> AsyncIterator[bytes]:
-    size = 0
+    """The streamed request body; `done` tells the disconnect watcher it may listen."""
     try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnected()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"Request body is over the proxy's limit of {limit} bytes.")
-            if chunk:
-                yield chunk
-            if not message.get("more_body", False):
-                return
+        async for chunk in body_chunks(receive, limit):
+            yield chunk
     finally:
         done.set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from proxy.errors import PayloadTooLarge, RecapError, error_json, sse_error_event
@@ -44,10 +44,13 @@ def content_length(scope: Scope) -> int | None:
     return None
 
 
-async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+def check_declared(declared: int | None, limit: int) -> None:
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"Request body is over the proxy's limit of {limit} bytes.")
-    chunks: list[bytes] = []
+
+
+async def body_chunks(receive: Receive, limit: int) -> AsyncIterator[bytes]:
+    """The request body as it arrives, refused past `limit` bytes; a disconnect ends it."""
     size = 0
     while True:
         message = await receive()
@@ -57,9 +60,20 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"Request body is over the proxy's limit of {limit} bytes.")
-        chunks.append(chunk)
+        if chunk:
+            yield chunk
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    check_declared(declared, limit)
+    return b"".join([chunk async for chunk in body_chunks(receive, limit)])
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    """The request headers by lower-case name (the last of repeated ones)."""
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 async def until_disconnect(
