@@ -109,7 +109,8 @@ class Archiver:
                     "model": ex.model,
                     "stream": ex.stream,
                     "messages": ex.fingerprints,
-                    "sent": sent,
+                    # null: sent exactly as the client sent it (no second copy of the list)
+                    "sent": sent if ex.changed else None,
                     "layers": ex.layers,
                     "tokens_before": ex.log_fields.get("tokens_before"),
                     "tokens_after": ex.log_fields.get("input_tokens"),

@@ -90,7 +90,8 @@ async def view(store: Store, conv: ConversationRef) -> dict[str, Any]:
     if event is None:
         raise NotFound(f"No archived request for conversation {conv.key!r}.")
     payload = event.payload
-    sent: list[str] = payload.get("sent") or []
+    # `sent` is null when the request went upstream exactly as the client sent it.
+    sent: list[str] = payload.get("sent") or payload.get("messages") or []
     bodies = await store.archived_messages(conv, sent)
     missing = sum(fp not in bodies for fp in sent)
     if missing:
