@@ -92,7 +92,7 @@ def create_app(config: Config) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
         upstreams = upstream_pool(config)
-        store = open_store(config.store, config.base_dir)
+        store = open_store(config.store, config.base_dir, pool=config.store_pool)
         try:
             await store.open()
         except StoreError as exc:

@@ -1,5 +1,5 @@
 """The `recap` command: serve and tail here; the operator's commands (conversations, show,
-export, compact, prune) live in `operator_cli.py` and are registered below."""
+export, compact, prune, migrate-store) live in `operator_cli.py` and are registered below."""
 
 from __future__ import annotations
 

@@ -142,9 +142,22 @@ class Archive:
 
 
 @dataclass(frozen=True)
+class StorePool:
+    """Connections of a PostgreSQL store, per replica (the SQLite store has one connection)."""
+
+    min_size: int = 1
+    max_size: int = 10
+    # Each compaction in progress holds one of these for its conversation's advisory lock.
+    lock_max_size: int = 10
+    # Connecting, waiting for a free connection, and one query; past it: store unavailable.
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class Config:
     listen: Listen = field(default_factory=Listen)
     store: str = "sqlite:///./data/recap.db"
+    store_pool: StorePool = field(default_factory=StorePool)
     conversation_header: str = "X-Conversation-Id"
     max_body_bytes: int = 32 * 1024 * 1024
     scenes_dir: str = "scenes"
@@ -284,6 +297,18 @@ def _check_operator_keys(config: Config) -> None:
         raise ConfigError("archive.retention_days: must be 0 (keep forever) or more")
     if config.archive.prune_interval_s <= 0:
         raise ConfigError("archive.prune_interval_s: must be more than 0")
+    _check_store_pool(config.store_pool)
+
+
+def _check_store_pool(pool: StorePool) -> None:
+    if pool.min_size < 0:
+        raise ConfigError("store_pool.min_size: must be 0 or more")
+    if pool.max_size < 1 or pool.max_size < pool.min_size:
+        raise ConfigError("store_pool.max_size: must be at least 1 and at least min_size")
+    if pool.lock_max_size < 1:
+        raise ConfigError("store_pool.lock_max_size: must be at least 1")
+    if pool.timeout_s <= 0:
+        raise ConfigError("store_pool.timeout_s: must be more than 0")
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:

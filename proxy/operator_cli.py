@@ -1,4 +1,4 @@
-"""The operator's `recap` commands: conversations, show, export, compact, prune.
+"""The operator's `recap` commands: conversations, show, export, compact, prune, migrate-store.
 
 Off the data path: each command opens the store the config names, exactly as the
 server does (`open_store(config.store, config.base_dir)`), so it reads what a
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -47,7 +48,7 @@ def run(config: Config, work: Callable[[Store], Awaitable[int]], err: TextIO | N
     err = err or sys.stderr
 
     async def main() -> int:
-        store = open_store(config.store, config.base_dir)
+        store = open_store(config.store, config.base_dir, pool=config.store_pool)
         async with store:
             return await work(store)
 
@@ -233,6 +234,29 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     return run(config, work)
 
 
+def cmd_migrate_store(args: argparse.Namespace) -> int:
+    """Copy one store into another, empty one (`proxy/store/transfer.py`); no config needed."""
+    from proxy.store.pg_boundary import redact
+    from proxy.store.transfer import copy_store, require_existing
+
+    async def main() -> dict[str, int]:
+        # Relative sqlite paths are relative to where the command runs.
+        source = open_store(args.source, os.getcwd())
+        target = open_store(args.target, os.getcwd())
+        require_existing(source)
+        async with source, target:
+            return await copy_store(source, target)
+
+    try:
+        counts = asyncio.run(main())
+    except StoreError as exc:
+        print(f"recap: store error: {exc}", file=sys.stderr)
+        return 1
+    copied = ", ".join(f"{n} {table}" for table, n in counts.items())
+    print(f"copied {redact(args.source)} -> {redact(args.target)}: {copied}")
+    return 0
+
+
 def add_commands(
     sub: Any, with_config: Callable[[Callable[[Config, argparse.Namespace], int]], Any]
 ) -> None:
@@ -268,3 +292,11 @@ def add_commands(
     p.add_argument(
         "--older-than-days", type=float, help="override archive.retention_days for this run"
     )
+
+    p = sub.add_parser(
+        "migrate-store",
+        help="copy everything from one store into another, empty one (e.g. SQLite -> PostgreSQL)",
+    )
+    p.add_argument("source", metavar="FROM", help="store URL to copy from (sqlite:///... )")
+    p.add_argument("target", metavar="TO", help="store URL to copy into (postgresql://...)")
+    p.set_defaults(func=cmd_migrate_store)

@@ -7,7 +7,9 @@ URLs:
     sqlite:///relative/path.db   relative to base_dir (the config file's directory)
     sqlite:////abs/path.db       absolute
     sqlite://:memory:            in memory (tests)
-    postgresql://...             not available yet (same interface, asyncpg, later)
+    postgresql://user:pass@host:port/db[?search_path=schema&sslmode=...]
+    postgres://...               the same: PostgreSQL (asyncpg), for several replicas;
+                                 query parameters asyncpg does not know are server settings
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import time
 from collections.abc import Callable
 
+from proxy.config import StorePool
 from proxy.store.base import (
     CompactionRecord,
     ConversationInfo,
@@ -72,12 +75,32 @@ def sqlite_path(url: str, base_dir: str) -> str:
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
 
 
-def open_store(url: str, base_dir: str, *, clock: Callable[[], float] = time.time) -> Store:
-    """Build the backend the URL names; the caller awaits `open()` (or uses `async with`)."""
+def open_store(
+    url: str,
+    base_dir: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    pool: StorePool | None = None,
+) -> Store:
+    """Build the backend the URL names; the caller awaits `open()` (or uses `async with`).
+
+    `pool` sizes a PostgreSQL store's connection pools (config `store_pool`); SQLite ignores it.
+    """
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
         return SqliteStore(sqlite_path(url, base_dir), clock=clock)
     if scheme in ("postgresql", "postgres"):
-        raise StoreError("PostgreSQL backend not available yet")
+        # Imported here: a SQLite deployment never loads the PostgreSQL driver.
+        from proxy.store.postgres import PostgresStore
+
+        pool = pool or StorePool()
+        return PostgresStore(
+            url,
+            clock=clock,
+            min_size=pool.min_size,
+            max_size=pool.max_size,
+            lock_max_size=pool.lock_max_size,
+            timeout_s=pool.timeout_s,
+        )
     # Only the scheme: the rest of a URL may hold a password.
     raise StoreError(f"unsupported store URL scheme {scheme!r}")

@@ -1,20 +1,21 @@
 """Fixtures for the store suite: one `store` per backend, so every test runs on each.
 
 To add a backend, add its name to BACKENDS and a branch to `store_url`; a backend
-that cannot run here (no server, no driver) must skip with the reason, not fail.
+that cannot run here (no server, no driver) must skip with the reason, not fail
+(except in CI, see tests/pg.py). PostgreSQL tests each get a fresh schema.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proxy.store import Store, StoreError, open_store
+from tests.pg import fresh_schema, postgres_url
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "taubench-airline-dev.jsonl"
 
@@ -40,15 +41,21 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         # A directory that does not exist yet: the store must create it.
-        return f"sqlite:///{tmp_path}/data/recap.db"
-    # PostgreSQL: the URL must name an empty database (or schema) for each test.
-    url = os.environ.get("RECAP_TEST_POSTGRES_URL")
-    if not url:
-        pytest.skip("PostgreSQL: set RECAP_TEST_POSTGRES_URL to an empty test database")
-    return url
+        yield f"sqlite:///{tmp_path}/data/recap.db"
+        return
+    # PostgreSQL: a new, empty schema for each test, dropped afterwards.
+    with fresh_schema(postgres_url()) as url:
+        yield url
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL on a fresh schema, for the PostgreSQL-only tests."""
+    with fresh_schema(postgres_url()) as url:
+        yield url
 
 
 @pytest.fixture

@@ -35,7 +35,9 @@ from proxy.store import (
     pick_matching,
     sqlite_path,
 )
+from proxy.store.base import ExchangeRecord
 from proxy.store.migrations import LATEST
+from proxy.store.postgres import PostgresStore
 from tests.store.conftest import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -345,6 +347,62 @@ async def test_events_default_page_size(store: Store) -> None:
     assert got == list(range(501))
 
 
+async def test_record_exchanges_batches_conversations_in_one_transaction(
+    store: Store, history: list[dict[str, Any]]
+) -> None:
+    a, b = ConversationRef("acme", "a"), ConversationRef("acme", "b")
+    pairs = [(fingerprint(m), body(m)) for m in history]
+    await store.record_exchanges(
+        [
+            ExchangeRecord(a, pairs[:5], [("request", {"n": 1})]),
+            ExchangeRecord(b, pairs[3:8], []),
+            ExchangeRecord(a, [*pairs[:7], pairs[2]], [("response", {"n": 2}), ("trim", {"n": 3})]),
+        ]
+    )
+    await store.record_exchanges([])
+    assert await store.archived_messages(a) == dict(pairs[:7])
+    assert list(await store.archived_messages(a)) == list(dict(pairs[:7]))
+    assert await store.archived_messages(b) == dict(pairs[3:8])
+    info = await store.get_conversation(a)
+    assert info is not None and info.message_count == len(dict(pairs[:7]))
+    assert [(e.type, e.payload["n"]) async for e in store.events(a)] == [
+        ("request", 1),
+        ("response", 2),
+        ("trim", 3),
+    ]
+    assert [e async for e in store.events(b)] == []
+
+    # All or nothing: an item that cannot be written takes the whole batch with it.
+    c = ConversationRef("acme", "c")
+    with pytest.raises(TypeError):
+        await store.record_exchanges(
+            [
+                ExchangeRecord(c, pairs[:2], [("request", {})]),
+                ExchangeRecord(a, pairs[10:12], [("request", {"bad": object()})]),
+            ]
+        )
+    assert await store.get_conversation(c) is None
+    assert await store.archived_messages(a) == dict(pairs[:7])
+
+
+async def test_last_event_and_paged_archive(store: Store) -> None:
+    conv = ConversationRef("t", "k")
+    assert await store.last_event(conv, "request") is None
+    rows = [(f"fp{i:02d}", json.dumps({"role": "user", "content": str(i)})) for i in range(7)]
+    await store.archive_messages(conv, rows[:4])
+    await store.archive_messages(conv, rows[2:])
+    for i in range(3):
+        await store.append_event(conv, "request", {"n": i})
+        await store.append_event(conv, "response", {"n": i})
+    last = await store.last_event(conv, "request")
+    assert last is not None and last.payload == {"n": 2} and last.type == "request"
+    assert [x async for x in store.iter_archived(conv, page_size=2)] == rows
+    assert [x async for x in store.iter_archived(conv)] == rows
+    other = ConversationRef("u", "k")
+    assert [x async for x in store.iter_archived(other)] == []
+    assert await store.last_event(other, "request") is None
+
+
 # --- loop summaries -------------------------------------------------------------------
 
 
@@ -524,6 +582,21 @@ async def test_keyed_locks_forget_idle_keys() -> None:
 
 # --- crash safety ---------------------------------------------------------------------
 
+
+async def test_a_failed_transaction_rolls_back(store: Store) -> None:
+    with pytest.raises(TypeError):
+        await store.append_event(CONV, "request", {"not json": object()})
+    # NOT NULL fails on the last statement, after the conversation row was
+    # created and its counter and current pointer were updated: none of it stays.
+    broken = NewSummary(None, 3, "h", 1, 1, "m", "r")  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match="NOT NULL"):
+        await store.add_summary_version(CONV, broken)
+    assert await store.get_conversation(CONV) is None
+    assert await store.summary_versions(CONV) == []
+    await store.append_event(CONV, "request", {})
+    assert await store.get_conversation(CONV) is not None
+
+
 CRASH_WRITER = textwrap.dedent(
     """
     import asyncio, sys
@@ -634,21 +707,6 @@ async def test_sqlite_migrations_recorded_once_and_pragmas(tmp_path: Path) -> No
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
-async def test_sqlite_rolls_back_a_failed_transaction(tmp_path: Path) -> None:
-    async with SqliteStore(str(tmp_path / "recap.db")) as s:
-        with pytest.raises(TypeError):
-            await s.append_event(CONV, "request", {"not json": object()})
-        # NOT NULL fails on the last statement, after the conversation row was
-        # created and its counter and current pointer were updated: none of it stays.
-        broken = NewSummary(None, 3, "h", 1, 1, "m", "r")  # type: ignore[arg-type]
-        with pytest.raises(StoreError, match="NOT NULL"):
-            await s.add_summary_version(CONV, broken)
-        assert await s.get_conversation(CONV) is None
-        assert await s.summary_versions(CONV) == []
-        await s.append_event(CONV, "request", {})
-        assert await s.get_conversation(CONV) is not None
-
-
 async def test_memory_store(tmp_path: Path) -> None:
     async with open_store("sqlite://:memory:", str(tmp_path)) as s:
         await s.append_event(CONV, "request", {"a": 1})
@@ -673,8 +731,10 @@ def test_store_urls(tmp_path: Path) -> None:
     ):
         with pytest.raises(StoreError):
             open_store(bad, base)
-    with pytest.raises(StoreError, match="PostgreSQL backend not available yet"):
-        open_store("postgresql://user:secret@db/recap", base)
+    for url in ("postgresql://user:secret@db/recap", "postgres://user:secret@db:5433/recap"):
+        pg = open_store(url, base)  # nothing connects before open()
+        assert isinstance(pg, PostgresStore)
+        assert "secret" not in repr(pg) and "user:***@db" in repr(pg)
     with pytest.raises(StoreError) as caught:
         open_store("mysql://user:secret@db/recap", base)
     assert "secret" not in str(caught.value)
