@@ -56,6 +56,7 @@ class Exchange:
     # Index in `messages` of the last summary message a stage inserted (protected by
     # the last-resort fit), and whether a compaction this request failed.
     summary_index: int | None = None
+    loop_summary_index: int | None = None
     compaction_failed: bool = False
     # Fingerprints of the originals the trim stage replaced by placeholders.
     trimmed: list[str] = field(default_factory=list)

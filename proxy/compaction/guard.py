@@ -61,9 +61,17 @@ def _texts(message: Any) -> tuple[str, list[str]]:
 
 
 def critical_references(messages: Sequence[Any]) -> list[str]:
-    """The span's references, most important first."""
+    """The span's references, most important first.
+
+    Round-robin over messages: every message's first reference comes before any
+    message's second, so one long tool output cannot crowd out an id that another
+    message mentions once; within a round, more mentions (and mentions by the user or
+    the assistant rather than a tool) come first.
+    """
     score: dict[str, float] = {}
     order: dict[str, int] = {}
+    round_of: dict[str, int] = {}
+    seen_here: set[str] = set()  # references of the current message, in a set for speed
 
     def add(ref: str, weight: float) -> None:
         ref = ref.strip().rstrip(".,;:")
@@ -71,8 +79,13 @@ def critical_references(messages: Sequence[Any]) -> list[str]:
             return
         order.setdefault(ref, len(order))
         score[ref] = score.get(ref, 0.0) + weight
+        if ref not in seen_here:
+            rank = len(seen_here)  # the how-many-th distinct reference of this message
+            seen_here.add(ref)
+            round_of[ref] = min(round_of.get(ref, rank), rank)
 
     for message in messages:
+        seen_here.clear()
         role, texts = _texts(message)
         weight = 1.0 if role == "tool" else 3.0
         for text in texts:
@@ -84,7 +97,7 @@ def critical_references(messages: Sequence[Any]) -> list[str]:
                     add(m.group(0), weight)
             for m in _ERROR_LINE.finditer(text):
                 add(m.group(0)[:MAX_REF_CHARS], weight)
-    return sorted(score, key=lambda r: (-score[r], order[r]))
+    return sorted(score, key=lambda r: (round_of[r], -score[r], order[r]))
 
 
 def guard_summary(summary: str, replaced: Sequence[Any], max_chars: int, share: float) -> Guarded:

@@ -91,7 +91,7 @@ class LoopStage:
         )
         ex.messages = loop_view(messages, state.covered_rounds, message)
         if plan.turn_start is not None and ex.messages is not messages:
-            ex.summary_index = plan.turn_start + 1
+            ex.loop_summary_index = plan.turn_start + 1
         ex.log_fields["loop_rounds_summarised"] = state.covered_rounds
 
     @staticmethod
@@ -162,7 +162,8 @@ class LoopStage:
                 model=ex.model,
                 authorization=ex.headers.get("authorization"),
                 max_chars=session.max_summary_chars,
-                replaced=messages[span[0] : span[1]],
+                replaced=([{"role": "assistant", "content": state.summary}] if state else [])
+                + list(messages[span[0] : span[1]]),
             )
         except SummarizerFailed as exc:
             ex.compaction_failed = True

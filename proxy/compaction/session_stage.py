@@ -175,7 +175,10 @@ class SessionStage:
                     model=ex.model,
                     authorization=ex.headers.get("authorization"),
                     max_chars=policy.max_summary_chars,
-                    replaced=body[a:b],
+                    # The previous summary too: what the merge dropped from it is restored.
+                    replaced=[{"role": "assistant", "content": summary}, *body[a:b]]
+                    if summary
+                    else body[a:b],
                 )
             except SummarizerFailed as exc:
                 failure = exc.reason

@@ -114,6 +114,7 @@ def fit_to_window(
     current_user_index: int,
     context_window: int,
     count: Callable[[Message], int],
+    loop_summary_index: int | None = None,
 ) -> tuple[list[Message], int]:
     """Drop the oldest raw history until the estimate fits; returns (messages, dropped).
 
@@ -132,7 +133,9 @@ def fit_to_window(
     if first < current:
         ends = [c for c in turn_cut_points(messages) if first < c < current] + [current]
         units += _pairs([first, *ends])
-    after = max(first, current + 1)
+    # A loop working summary after the current user message is kept too; the rounds
+    # after it may go, and so may whole earlier turns.
+    after = max(first, current + 1, loop_summary_index + 1 if loop_summary_index is not None else 0)
     if after < n:
         ends = [c for c in valid_cut_points(messages) if after < c <= n]
         units += _pairs([after, *ends])[:-1]  # the newest unit stays

@@ -89,6 +89,7 @@ class FitToWindow:
             starts[-1],
             budget,
             ex.measure.tokens,
+            ex.loop_summary_index,
         )
         if not dropped or not await ex.ensure_archived():
             return

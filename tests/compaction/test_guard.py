@@ -92,3 +92,21 @@ def test_chinese_quoted_constraint() -> None:
     guarded = guard_summary("用户想订票。", replaced, 6000, 0.25)
     assert "不要超过五百元" in guarded.summary
     assert "DD20240520" in guarded.summary
+
+
+def test_one_long_tool_output_cannot_crowd_out_a_single_mention() -> None:
+    noise = {
+        "role": "tool",
+        "tool_call_id": "a",
+        "content": "\n".join(f"src/pkg/mod_{i}.py" for i in range(500)),
+    }
+    needle = {"role": "tool", "tool_call_id": "b", "content": "build finished: bld-5d5485aa"}
+    guarded = guard_summary("summary", [noise, needle], 1000, 0.2)
+    assert "bld-5d5485aa" in guarded.summary
+
+
+def test_what_the_previous_summary_held_is_restored_when_the_merge_drops_it() -> None:
+    previous = {"role": "assistant", "content": "## Confirmed Facts\n- passenger dob 2001-04-12"}
+    span = [{"role": "user", "content": "ok, continue"}]
+    guarded = guard_summary("## User Goal\nbook a flight", [previous, *span], 6000, 0.25)
+    assert "2001-04-12" in guarded.summary

@@ -228,3 +228,41 @@ def test_trim_and_fit_always_leave_a_valid_history(
     assert check_history(fitted) == []
     assert len(fitted) + dropped == len(out)
     assert out[current] in fitted and fitted[0] is out[0]
+
+
+def test_fit_drops_earlier_turns_but_keeps_the_loop_summary() -> None:
+    big = "x" * 4000
+    msgs: list[dict] = [{"role": "system", "content": "sys"}]
+    for t in range(3):  # earlier turns, raw
+        msgs += [
+            {"role": "user", "content": f"turn {t} {big}"},
+            {"role": "assistant", "content": big},
+        ]
+    current = len(msgs)
+    msgs.append({"role": "user", "content": "current goal"})
+    loop_summary = len(msgs)
+    msgs.append({"role": "system", "content": "<recap-summary>working</recap-summary>"})
+    for r in range(3):
+        msgs += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{r}",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"c{r}", "content": big},
+        ]
+
+    def count(m: dict) -> int:
+        return len(str(m.get("content") or "")) // 4 + 4
+
+    out, dropped = fit_to_window(1, msgs, None, current, 4000, count, loop_summary)
+    assert dropped > 0
+    assert msgs[loop_summary] in out and msgs[current] in out and out[0] == msgs[0]
+    assert all(m not in out for m in msgs[1:current])  # the earlier turns went first
+    assert check_history(out) == []

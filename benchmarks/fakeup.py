@@ -1,0 +1,336 @@
+"""The replay's fake upstream: recorded answers, an extractive summarizer, a log of requests.
+
+Outside the data path: `benchmarks.replay` runs this app in its own process and points Recap
+(or a peer proxy) at it. Before a session the harness posts the session's recorded answers
+(`POST /_replay/session`); then every chat call is answered with the recorded assistant
+message of its step, found by the `x-replay-step` header the harness sends (proxies forward
+it), or else by the last message of the request. So the conversation unfolds exactly as it
+was recorded, whatever the proxy sent.
+
+Summarizer calls (`x-recap-purpose: summarize`, or any call that matches no step: a peer's
+own model calls) get a deterministic extractive summary (`extractive_summary`), or are relayed
+to a real model endpoint when the app is given one. Every call is logged with what it
+received, and the harness collects (and clears) the log after each session
+(`GET /_replay/log`). The fake's own time per call goes back in `x-replay-fake-ms`, so the
+harness can subtract it from the time through the proxy. `replay_session` is the harness's
+side of this protocol: one session, step by step, through a proxy in front of this app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from benchmarks.metrics import Run, Step
+from benchmarks.overhead import BenchError
+from benchmarks.sessions import Session
+from proxy.compaction.transcript import content_text
+from proxy.tokens import TokenCounter
+
+STEP_HEADER = "x-replay-step"
+FAKE_MS_HEADER = "x-replay-fake-ms"
+SUMMARIZER_KEY_ENV = "REPLAY_SUMMARIZER_API_KEY"
+DEFAULT_MAX_CHARS = 6000
+# Identifiers: a letter and a digit in 4+ word characters (ids, flight numbers, build ids).
+_IDENT = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9][\w-]{3,63}\b")
+_ITEM = re.compile(r"^(User|Assistant|System|Tool result \[[^\]]*\]|Assistant called tool )", re.M)
+SECTIONS = (
+    "User Goal",
+    "Confirmed Facts",
+    "Decisions Made",
+    "Open Issues",
+    "Pending Actions",
+    "Important References",
+)
+ITEM_CHARS = 240
+
+
+def message_key(message: Any) -> str:
+    """A stable key for a message (the harness and the fake compute it alike)."""
+    return hashlib.sha256(json.dumps(message, sort_keys=True).encode()).hexdigest()
+
+
+def _between(text: str, tag: str) -> str:
+    m = re.search(rf"<{tag}>\n?(.*?)\n?</{tag}>", text, re.S)
+    return m.group(1).strip() if m else ""
+
+
+def _one_line(text: str, limit: int = ITEM_CHARS) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _sections(summary: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {s: [] for s in SECTIONS}
+    current: str | None = None
+    for line in summary.splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip() if line[3:].strip() in out else None
+        elif current and line.strip() and line.strip() != "None":
+            out[current].append(line.strip())
+    return out
+
+
+def extractive_summary(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A deterministic stand-in for a summarizer model, over the request Recap sent it.
+
+    Keeps what the user asked, what the assistant concluded, the tools it called and the
+    identifiers the assistant itself mentioned (not those only a tool printed: a model's
+    summary would keep some of those too, which is what Recap's quality guard is for), merged
+    into the existing summary, oldest lines dropped first to stay within the character budget
+    the prompt names. Sections as the scene asks, inside <summary> tags.
+    """
+    prompt = "\n".join(content_text(m.get("content")) for m in messages)
+    found = re.search(r"within (\d+) characters", prompt)
+    max_chars = int(found.group(1)) if found else DEFAULT_MAX_CHARS
+    sections = _sections(_between(prompt, "existing_summary"))
+    transcript = _between(prompt, "conversation_history") or _between(prompt, "tool_history")
+    starts = [m.start() for m in _ITEM.finditer(transcript)]
+    ends = [*starts[1:], len(transcript)]
+    items = [transcript[a:b].strip() for a, b in zip(starts, ends, strict=True)]
+    refs = sections["Important References"]
+    last_user = ""
+    for item in items:
+        if item.startswith("User:"):
+            last_user = _one_line(item[5:])
+            sections["User Goal"].append(f"- {last_user}")
+        elif item.startswith("Assistant called tool "):
+            call = item[len("Assistant called tool ") :]
+            sections["Decisions Made"].append(f"- called {_one_line(call, 160)}")
+            refs += [f"- {r}" for r in _IDENT.findall(call)]
+        elif item.startswith("Assistant:"):
+            sections["Confirmed Facts"].append(f"- {_one_line(item[10:])}")
+            refs += [f"- {r}" for r in _IDENT.findall(item)]
+    if last_user:
+        sections["Pending Actions"] = [f"- answer the latest request: {last_user}"]
+    sections["Important References"] = list(dict.fromkeys(refs))
+    return "<summary>\n" + _fit(sections, max_chars) + "\n</summary>"
+
+
+def _fit(sections: dict[str, list[str]], max_chars: int) -> str:
+    """Render, dropping the oldest line of the longest section until it fits."""
+
+    def render() -> str:
+        return "\n".join(
+            f"## {name}\n" + ("\n".join(sections[name]) or "None") for name in SECTIONS
+        )
+
+    text = render()
+    while len(text) > max_chars:
+        longest = max(SECTIONS, key=lambda s: sum(len(x) for x in sections[s]))
+        if not sections[longest]:
+            return text[:max_chars]
+        del sections[longest][0]
+        text = render()
+    return text
+
+
+class ReplayUpstream:
+    """The app's state: the current session's answers and the log since the last read."""
+
+    def __init__(self, summarizer_url: str = "", summarizer_model: str = "") -> None:
+        self.counter = TokenCounter()
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.by_last: dict[str, list[int]] = {}
+        self.records: list[dict[str, Any]] = []
+        self.summarizer_url = summarizer_url.rstrip("/")
+        self.summarizer_model = summarizer_model
+        self.client = httpx.AsyncClient(timeout=300, trust_env=False)
+        self.app = Starlette(
+            routes=[
+                Route("/healthz", self.healthz),
+                Route("/_replay/session", self.session, methods=["POST"]),
+                Route("/_replay/log", self.log),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            ],
+            lifespan=self.lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        yield
+        await self.client.aclose()
+
+    async def healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def session(self, request: Request) -> Response:
+        data = await request.json()
+        self.answers = {int(a["step"]): a["message"] for a in data["answers"]}
+        self.by_last = {}
+        for a in data["answers"]:
+            self.by_last.setdefault(a["last"], []).append(int(a["step"]))
+        self.records = []
+        return JSONResponse({"steps": len(self.answers)})
+
+    async def log(self, request: Request) -> Response:
+        records, self.records = self.records, []
+        return JSONResponse({"records": records})
+
+    def _step(self, request: Request, messages: list[Any]) -> int | None:
+        header = request.headers.get(STEP_HEADER)
+        if header is not None and header.isdigit() and int(header) in self.answers:
+            return int(header)
+        # A proxy that drops our header: the first unanswered step ending with this message.
+        if not messages:
+            return None
+        candidates = self.by_last.get(message_key(messages[-1]), [])
+        return candidates.pop(0) if candidates else None
+
+    async def chat(self, request: Request) -> Response:
+        start = time.perf_counter()
+        body = json.loads(await request.body())
+        messages = body.get("messages") or []
+        purpose = request.headers.get("x-recap-purpose", "")
+        step = None if purpose == "summarize" else self._step(request, messages)
+        if step is None:
+            return await self._summarize(body, messages, start)
+        self.records.append({"kind": "chat", "step": step, "messages": messages})
+        message = self.answers[step]
+        out = {
+            "id": f"chatcmpl-replay-{step}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "replay"),
+            "choices": [{"index": 0, "message": message, "finish_reason": _finish(message)}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+        return _json(out, start)
+
+    async def _summarize(self, body: dict[str, Any], messages: list[Any], start: float) -> Response:
+        model = body.get("model")
+        if self.summarizer_url:
+            relayed = dict(body, model=self.summarizer_model or model)
+            key = os.environ.get(SUMMARIZER_KEY_ENV, "")
+            headers = {"authorization": f"Bearer {key}"} if key else {}
+            response = await self.client.post(
+                self.summarizer_url + "/chat/completions", json=relayed, headers=headers
+            )
+            try:
+                usage = response.json().get("usage") or {}
+            except ValueError:
+                usage = {}
+            self.records.append(
+                {
+                    "kind": "summarize",
+                    "status": response.status_code,
+                    "input": int(usage.get("prompt_tokens") or 0),
+                    "output": int(usage.get("completion_tokens") or 0),
+                }
+            )
+            return Response(
+                response.content,
+                status_code=response.status_code,
+                media_type=response.headers.get("content-type", "application/json"),
+            )
+        text = extractive_summary(messages)
+        usage = {
+            "prompt_tokens": self.counter.count_messages(messages, model),
+            "completion_tokens": self.counter.count_text(text, model),
+        }
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        self.records.append(
+            {
+                "kind": "summarize",
+                "status": 200,
+                "input": usage["prompt_tokens"],
+                "output": usage["completion_tokens"],
+            }
+        )
+        out = {
+            "id": "chatcmpl-replay-summary",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model or "replay",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": usage,
+        }
+        return _json(out, start)
+
+
+def _finish(message: Mapping[str, Any]) -> str:
+    return "tool_calls" if message.get("tool_calls") else "stop"
+
+
+def _json(out: dict[str, Any], start: float) -> Response:
+    raw = json.dumps(out, ensure_ascii=False).encode()
+    ms = (time.perf_counter() - start) * 1000
+    return Response(raw, media_type="application/json", headers={FAKE_MS_HEADER: f"{ms:.3f}"})
+
+
+# -- the harness's side ------------------------------------------------------------------------
+
+
+def replay_session(
+    client: httpx.Client, url: str, fake: str, session: Session, conversation: str
+) -> Run:
+    """Every step of `session` through the proxy at `url` (a chat completions URL)."""
+    messages = session.messages
+    answers = [
+        {"step": i, "last": message_key(messages[i - 1]), "message": messages[i]}
+        for i in session.steps
+    ]
+    client.post(fake + "/_replay/session", json={"answers": answers}).raise_for_status()
+    timing: dict[int, tuple[float, float | None, int]] = {}
+    for i in session.steps:
+        body = {"model": session.model, "messages": messages[:i], "stream": False}
+        headers = {"x-conversation-id": conversation, STEP_HEADER: str(i)}
+        start = time.perf_counter()
+        response = client.post(url, content=json.dumps(body, ensure_ascii=False), headers=headers)
+        wall = (time.perf_counter() - start) * 1000
+        if response.status_code != 200:
+            raise BenchError(f"{session.id} step {i}: status {response.status_code}")
+        answer = response.json()["choices"][0]["message"]
+        if answer.get("tool_calls") != messages[i].get("tool_calls"):
+            raise BenchError(f"{session.id} step {i}: the answer is not the recorded one")
+        fake_ms = float(response.headers.get(FAKE_MS_HEADER, "0"))
+        overhead = response.headers.get("x-recap-overhead-ms")
+        dropped = int(response.headers.get("x-recap-dropped-messages", "0"))
+        timing[i] = (wall - fake_ms, float(overhead) if overhead else None, dropped)
+    records = client.get(fake + "/_replay/log").json()["records"]
+    # Summarizer calls come before the chat call of the step that made them.
+    steps: list[Step] = []
+    pending: list[dict[str, Any]] = []
+    for rec in records:
+        if rec["kind"] == "summarize":
+            pending.append(rec)
+            continue
+        added, overhead, dropped = timing[rec["step"]]
+        steps.append(
+            Step(
+                rec["step"],
+                rec["messages"],
+                added_ms=added,
+                overhead_ms=overhead,
+                summarizer_calls=len(pending),
+                summarizer_in=sum(r["input"] for r in pending),
+                summarizer_out=sum(r["output"] for r in pending),
+                dropped=dropped,
+            )
+        )
+        pending = []
+    if pending and steps:  # a peer that summarises after answering: charge the last step
+        steps[-1].summarizer_calls += len(pending)
+        steps[-1].summarizer_in += sum(r["input"] for r in pending)
+        steps[-1].summarizer_out += sum(r["output"] for r in pending)
+    if [s.index for s in steps] != session.steps:
+        raise BenchError(f"{session.id}: the fake saw steps out of order or missing")
+    return Run(session, steps)
