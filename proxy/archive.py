@@ -15,7 +15,9 @@ So a request that compacts nothing costs no write on its way upstream, and under
 load many requests share one write. Event
 payloads reference messages by fingerprint; the messages table holds each distinct
 message of a conversation once. Background writes never fail a request: they are
-logged, and `drain` waits for them at shutdown.
+logged, and `drain` waits for them at shutdown. While the store is unavailable the
+queued records are kept and retried (up to `max_queued_bytes`, oldest dropped first),
+so the requests served during a store fault are archived once it is back.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ class Archiver:
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self.max_batch = 256
+        # Kept while the store is down; each record weighs its messages' JSON.
+        self.max_queued_bytes = 64 * 1024 * 1024
+        self.retry_s = 1.0
+        self._failing = False
 
     def missing(
         self, conv: ConversationRef, fps: Sequence[str], messages: Sequence[Message]
@@ -147,11 +153,52 @@ class Archiver:
                 try:
                     await self.store.record_exchanges(batch)
                 except StoreError as exc:
-                    log.warning("archive write failed (%d request records): %s", len(batch), exc)
-                else:
-                    for record in batch:
-                        self._remember(record.conversation, record.messages)
+                    if await self._store_works():
+                        # Not the store: a record it cannot hold. Keep the rest of the batch.
+                        await self._write_each(batch)
+                        del self._queue[: len(batch)]
+                        continue
+                    if not self._failing:
+                        log.warning("archive writes failing, kept to retry: %s", exc)
+                        # The store may come back as another file (a restored backup):
+                        # what was known to be on disk must be written again to be sure.
+                        self._known.clear()
+                    self._failing = True
+                    self._bound_queue()
+                    await asyncio.sleep(self.retry_s)
+                    continue
+                if self._failing:
+                    log.warning("archive writes resumed")
+                    self._failing = False
+                for record in batch:
+                    self._remember(record.conversation, record.messages)
                 del self._queue[: len(batch)]
+
+    async def _store_works(self) -> bool:
+        try:
+            await self.store.check_writable()
+        except StoreError:
+            return False
+        return True
+
+    async def _write_each(self, batch: Sequence[ExchangeRecord]) -> None:
+        for record in batch:
+            try:
+                await self.store.record_exchanges([record])
+            except StoreError as exc:
+                log.warning("archive record dropped, the store cannot hold it: %s", exc)
+            else:
+                self._remember(record.conversation, record.messages)
+
+    def _bound_queue(self) -> None:
+        sizes = [sum(len(body) for _, body in r.messages) + 512 for r in self._queue]
+        total, dropped = sum(sizes), 0
+        while total > self.max_queued_bytes and dropped < len(sizes):
+            total -= sizes[dropped]
+            dropped += 1
+        if dropped:
+            del self._queue[:dropped]
+            log.warning("archive queue full while the store is down: %d records dropped", dropped)
 
     def background(self, work: Coroutine[Any, Any, Any], what: str) -> None:
         async def run() -> None:
@@ -168,11 +215,14 @@ class Archiver:
         """Wait (bounded) for queued and background writes, then stop the writer."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while (self._queue or self._tasks) and loop.time() < deadline:
+        # A store that is down at shutdown will not come back in time: do not wait for it.
+        while ((self._queue and not self._failing) or self._tasks) and loop.time() < deadline:
             if self._tasks:
                 await asyncio.wait(set(self._tasks), timeout=deadline - loop.time())
             else:
                 await asyncio.sleep(0.01)
+        if self._queue:
+            log.warning("%d request records not archived at shutdown", len(self._queue))
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -51,6 +51,8 @@ def parse_chat(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None, "body is not JSON"
+    except RecursionError:
+        return None, "body is nested too deeply to parse"
     if not isinstance(body, dict):
         return None, "body is not a JSON object"
     messages = body.get("messages")
@@ -70,9 +72,12 @@ def encode_body(body: dict[str, Any], messages: list[Any]) -> bytes:
     """Deterministic serialisation: the same messages give the same bytes (prompt caches)."""
     out = dict(body)
     out["messages"] = messages
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode(
-        "utf-8", "surrogatepass"
-    )
+    try:
+        return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (valid as a JSON escape, as the client sent it) is not UTF-8:
+        # escaped again, never written as the invalid bytes surrogatepass would give.
+        return json.dumps(out, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 class ChatCompletions:
@@ -224,8 +229,8 @@ class ChatCompletions:
             err = translate(exc)
             if err is None:
                 raise
-            await responder.error(err)
-            return
+            # Reported (in-band, the stream has started) where it is also logged.
+            raise err from None
         await responder.end()
 
     def _sse_notifier(

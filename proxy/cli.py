@@ -34,6 +34,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_config=None,  # our own logging; uvicorn's access log would duplicate ours
         access_log=False,
         timeout_graceful_shutdown=10,
+        # Longer than clients keep idle connections (httpx and the openai SDK: 5 s), so a
+        # client never sends a request on a connection the proxy is closing (uvicorn's
+        # default is also 5 s: a reset on a good request, now and then).
+        timeout_keep_alive=75,
         # A proxy passes the upstream's Date and Server; uvicorn's would duplicate them.
         server_header=False,
         date_header=False,

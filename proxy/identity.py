@@ -67,6 +67,9 @@ def _sent_key(config: Config, headers: Mapping[str, str], body: Any) -> str | No
         if isinstance(metadata, Mapping):
             value = metadata.get("conversation_id")
             if isinstance(value, str) and value:
+                # JSON may carry lone surrogates, which no store can hold as text: keep
+                # them as escapes (headers cannot carry them: they are latin-1).
+                value = value.encode("utf-8", "backslashreplace").decode("utf-8")
                 return _check_sent_key(value, "metadata.conversation_id")
     return None
 
@@ -78,15 +81,25 @@ def _derived_key(messages: Sequence[Any]) -> str:
         if not isinstance(m, Mapping):
             break
         role = m.get("role")
+        if not isinstance(role, str):  # e.g. a list: not even hashable
+            break
         if role in PINNED_ROLES or role == "user":
             content = m.get("content")
-            text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+            text = content if isinstance(content, str) else _canonical(content)
             # Length-prefixed, so two different splits of the same text differ.
             part = f"{role}\x00{len(text)}\x00{text}"
             h.update(part.encode("utf-8", "surrogatepass"))
         if role not in PINNED_ROLES:
             break
     return "auto-" + h.hexdigest()[:32]
+
+
+def _canonical(value: Any) -> str:
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (RecursionError, ValueError, TypeError):
+        # Nested past what json can write back: still a stable key, just a coarser one.
+        return "\x00unserialisable"
 
 
 def conversation_ref(

@@ -53,7 +53,7 @@ class Passthrough:
             client = state.upstreams.client(upstream)
             out_headers = request_headers(scope["headers"], upstream, keep_encoding=True)
             if declared is not None:
-                out_headers.append(("content-length", str(declared)))
+                out_headers.append((b"content-length", str(declared).encode()))
             request = client.build_request(
                 scope["method"],
                 upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
@@ -79,8 +79,8 @@ class Passthrough:
             err = translate(exc)
             if err is None:
                 raise
-            await responder.error(err)
-            return
+            # Answered where it is also logged (and counted).
+            raise err from None
         try:
             await responder.start(
                 response.status_code, response_headers(response.headers, decoded=False)
@@ -92,8 +92,7 @@ class Passthrough:
                 err = translate(exc)
                 if err is None:
                     raise
-                await responder.error(err)
-                return
+                raise err from None
             await responder.end()
         finally:
             await response.aclose()

@@ -53,7 +53,8 @@ def _texts(message: Any) -> tuple[str, list[str]]:
         return "", []
     role = str(message.get("role") or "")
     texts = [content_text(message.get("content"))]
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             texts.append(str(function.get("arguments") or ""))

@@ -96,8 +96,9 @@ class Summarizer:
                 response = await asyncio.wait_for(
                     client.post(
                         upstream_url(upstream, "/v1/chat/completions", b""),
-                        content=json.dumps(body, ensure_ascii=False).encode(),
-                        headers=headers,
+                        content=_json_bytes(body),
+                        # latin-1: the client's Authorization is forwarded byte for byte.
+                        headers=httpx.Headers(headers, encoding="latin-1"),
                         timeout=timeout,
                     ),
                     # A hard bound too: a trickling response must not outlive the budget.
@@ -137,6 +138,13 @@ class Summarizer:
             model=str(data.get("model") or chosen),
             duration_ms=duration_ms,
         )
+
+
+def _json_bytes(body: Mapping[str, Any]) -> bytes:
+    try:
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from the client's text: keep it escaped
+        return json.dumps(body).encode("ascii")
 
 
 class Breaker:

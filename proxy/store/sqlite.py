@@ -7,6 +7,23 @@ coroutine's statements would land inside another's open transaction. Writes use
 BEGIN IMMEDIATE so that two proxies on one file queue on busy_timeout instead of
 failing on lock upgrade. WAL lets readers in other processes (the CLI) read
 while the proxy writes.
+
+Faults and recovery. A store that fails must cost the data path nothing but the
+compaction it cannot do, and must come back by itself when the file does:
+
+    fault                          detected by                      until it clears
+    locked past busy_timeout,      the failing write (SQLITE_BUSY,  writes fail at once, reads
+    disk full                      SQLITE_FULL); /readyz checks     go on; one write a second
+                                   free space                       probes (a short busy wait)
+    deleted, replaced, corrupted   every write checks the file      every call fails at once;
+    or unreadable file, I/O        (inode, header); I/O, CORRUPT,   once a second the connection
+    errors, read-only              NOTADB, READONLY errors          is reopened (never creating
+                                                                    a file that disappeared)
+
+A fault is logged once when it starts (and when its reason changes), with the
+reason, and once when a write succeeds again; /readyz reports the reason meanwhile.
+A store whose first open failed (garbage file, locked at start-up) is retried the
+same way, so the proxy starts, forwards uncompacted, and becomes ready on its own.
 """
 
 from __future__ import annotations
@@ -14,12 +31,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from typing import Any, cast
+from urllib.parse import quote
 
 import aiosqlite
 
@@ -44,9 +63,24 @@ from proxy.store.base import (
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import SchemaTooNew, migrate
 
+log = logging.getLogger("recap.store")
+
 MEMORY = ":memory:"
 # Below SQLite's smallest host-parameter limit (999), leaving room for tenant and key.
 _IN_CHUNK = 900
+
+# SQLite primary result codes (sqlite3.h) that mean "unavailable", not "a bug of ours".
+# Writes fail but the connection is sound: BUSY, LOCKED (another writer), FULL.
+_WRITE_FAULTS = frozenset({5, 6, 13})
+# The connection or its file is suspect: READONLY, IOERR, CORRUPT, CANTOPEN, NOTADB.
+_FILE_FAULTS = frozenset({8, 10, 11, 14, 26})
+_BUSY = frozenset({5, 6})
+_DAMAGED = frozenset({11, 26})  # CORRUPT, NOTADB
+_HEADER = b"SQLite format 3\x00"
+# /readyz is not ready below this much free space: the next archive batch may not fit.
+MIN_FREE_BYTES = 1 << 20
+# While another process holds the write lock, probes wait this long, not busy_timeout.
+_PROBE_BUSY_MS = 50
 
 
 def _names(record_type: type[Any], prefix: str = "") -> list[str]:
@@ -79,6 +113,8 @@ def _reason(exc: BaseException) -> str:
         return "text is not valid UTF-8"
     if isinstance(exc, OSError):
         return f"{type(exc).__name__}: {exc.strerror or 'os error'}"
+    if isinstance(exc, _FileFault | SchemaTooNew):
+        return str(exc)
     return type(exc).__name__
 
 
@@ -91,8 +127,55 @@ def _translated() -> Iterator[None]:
         raise
     except SchemaTooNew as exc:
         raise StoreError(str(exc)) from exc
-    except (sqlite3.Error, OSError, UnicodeError) as exc:
+    except (sqlite3.Error, OSError, UnicodeError, _FileFault) as exc:
         raise StoreError(_reason(exc)) from exc
+
+
+class _FileFault(Exception):
+    """The database file itself is gone, replaced or not a database (checked before writes)."""
+
+    def __init__(self, reason: str, *, damaged: bool = False) -> None:
+        super().__init__(reason)
+        self.damaged = damaged
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """What a failure says about the store."""
+
+    # The connection is suspect: reopen it before the next call.
+    reconnect: bool = False
+    # Another writer holds the lock: probes ask briefly instead of queueing.
+    busy: bool = False
+    # The content is damaged: a reopened file is checked (quick_check) before it is used.
+    damaged: bool = False
+
+
+@dataclasses.dataclass
+class _Fault:
+    reason: str
+    kind: _Kind
+    since: float
+    retry_at: float
+
+
+def _fault_kind(exc: BaseException) -> _Kind | None:
+    """How `exc` makes the store unavailable; None when it is not a store fault (a bug)."""
+    if isinstance(exc, _FileFault):
+        return _Kind(reconnect=True, damaged=exc.damaged)
+    if isinstance(exc, OSError):
+        return _Kind(reconnect=True)
+    if isinstance(exc, sqlite3.Error):
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code in _DAMAGED:
+            return _Kind(reconnect=True, damaged=True)
+        if code in _FILE_FAULTS:
+            return _Kind(reconnect=True)
+        if code in _WRITE_FAULTS:
+            return _Kind(busy=code in _BUSY)
+        if isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
+            return _Kind(reconnect=True)
+    return None
 
 
 def _payload_json(payload: Mapping[str, Any]) -> str:
@@ -169,14 +252,23 @@ class SqliteStore(Store):
         *,
         clock: Callable[[], float] = time.time,
         busy_timeout_ms: int = 5000,
+        retry_s: float = 1.0,
     ) -> None:
         self._path = path
         self._clock = clock
         self._busy_timeout_ms = busy_timeout_ms
+        self._retry_s = retry_s
         self._db: aiosqlite.Connection | None = None
         self._mutex = asyncio.Lock()
         self._locks: KeyedLocks[ConversationRef] = KeyedLocks()
         self._summaries = SummaryCache()
+        # open() was called and close() was not: a lost connection is to be re-made.
+        self._wanted = False
+        # The file was opened once: if it disappears, it is waited for, never re-created
+        # empty (that would hide the loss and split the archive in two).
+        self._created = False
+        self._identity: tuple[int, int] | None = None
+        self._fault: _Fault | None = None
 
     @property
     def path(self) -> str:
@@ -184,26 +276,51 @@ class SqliteStore(Store):
 
     async def open(self) -> None:
         async with self._mutex:
+            self._wanted = True
             if self._db is not None:
                 return
-            with _translated():
-                if self._path != MEMORY:
-                    parent = os.path.dirname(os.path.abspath(self._path))
-                    os.makedirs(parent, exist_ok=True)
-                db = await aiosqlite.connect(self._path, isolation_level=None)
-                try:
-                    # busy_timeout first: the pragmas below may already wait on a lock.
-                    await db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-                    await db.execute("PRAGMA foreign_keys = ON")
-                    await self._enable_wal(db)
-                    # In WAL mode NORMAL never corrupts and survives a process crash;
-                    # only a power loss may drop the last commits.
-                    await db.execute("PRAGMA synchronous = NORMAL")
-                    await migrate(db, self._clock())
-                except BaseException:
-                    await db.close()
-                    raise
-            self._db = db
+            with _translated(), self._watch(write=False):
+                await self._connect()
+
+    async def _connect(self) -> None:
+        """Open the file, set the pragmas, migrate; a failure is a fault, retried later."""
+        try:
+            await self._open_connection()
+        except Exception as exc:
+            self._failed(_reason(exc), _fault_kind(exc) or _Kind(reconnect=True))
+            raise
+
+    async def _open_connection(self) -> None:
+        """Raises the driver's or the OS's error."""
+        path: str = self._path
+        uri = False
+        if self._path != MEMORY:
+            if self._created:
+                # mode=rw: a file deleted under us is reported missing, not re-created.
+                path, uri = f"file:{quote(os.path.abspath(self._path))}?mode=rw", True
+            else:
+                parent = os.path.dirname(os.path.abspath(self._path))
+                os.makedirs(parent, exist_ok=True)
+        db = await aiosqlite.connect(path, isolation_level=None, uri=uri)
+        try:
+            # busy_timeout first: the pragmas below may already wait on a lock.
+            await db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            await db.execute("PRAGMA foreign_keys = ON")
+            await self._enable_wal(db)
+            # In WAL mode NORMAL never corrupts and survives a process crash;
+            # only a power loss may drop the last commits.
+            await db.execute("PRAGMA synchronous = NORMAL")
+            await migrate(db, self._clock())
+            if self._path != MEMORY:
+                st = os.stat(self._path)
+                self._identity = (st.st_dev, st.st_ino)
+        except BaseException:
+            await db.close()
+            raise
+        self._db = db
+        self._created = True
+        # What this process remembered may not be what the (restored) file holds.
+        self._summaries.clear()
 
     async def _enable_wal(self, db: aiosqlite.Connection) -> None:
         # Switching a new file to WAL needs an exclusive lock, and SQLite answers
@@ -222,10 +339,114 @@ class SqliteStore(Store):
 
     async def close(self) -> None:
         async with self._mutex:
+            self._wanted = False
             db, self._db = self._db, None
             if db is not None:
                 with _translated():
                     await db.close()
+
+    def _gate(self, *, write: bool) -> None:
+        """Fail at once while the store is known to be down: requests must not wait on it."""
+        fault = self._fault
+        if fault is None or time.monotonic() >= fault.retry_at:
+            return
+        if write or fault.kind.reconnect or self._db is None:
+            raise StoreError(fault.reason)
+
+    async def _ready(self, *, write: bool) -> aiosqlite.Connection:
+        """The connection for one call, under the mutex: gated, reopened, checked."""
+        if not self._wanted:
+            raise StoreError("store is not open")
+        self._gate(write=write)
+        fault = self._fault
+        if fault is not None and (write or fault.kind.reconnect or self._db is None):
+            # This call is the probe; the others keep failing fast while it runs.
+            fault.retry_at = time.monotonic() + self._retry_s
+        if self._db is None or (fault is not None and fault.kind.reconnect):
+            await self._reopen(check=fault is not None and fault.kind.damaged)
+        if write:
+            self._check_file()
+        return await self._settled()
+
+    async def _reopen(self, *, check: bool) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            # The old connection may point at a deleted file or a broken one: let it go.
+            with suppress(sqlite3.Error, ValueError, OSError):
+                await db.close()
+        await self._connect()
+        if check:
+            # A damaged file can look whole to a new connection (its header intact, or
+            # rewritten by the old connection's last checkpoint): trust it once checked.
+            assert self._db is not None
+            rows = await _all(self._db, "PRAGMA quick_check(1)", ())
+            if [tuple(r) for r in rows] != [("ok",)]:
+                await self._db.close()
+                self._db = None
+                raise _FileFault("database file is corrupt", damaged=True)
+        if self._fault is not None:
+            # Connected (and checked); the next write tells whether the store is back.
+            self._fault.kind = _Kind()
+
+    def _check_file(self) -> None:
+        """Before a write: is the path still our database? (A few syscalls, no SQLite.)
+
+        A deleted file would take writes into an unlinked inode, and a file
+        overwritten in place is only noticed by SQLite when a page is not cached.
+        """
+        if self._identity is None:
+            return
+        try:
+            fd = os.open(self._path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise _FileFault("database file is missing") from None
+        try:
+            st = os.fstat(fd)
+            head = os.read(fd, len(_HEADER))
+        finally:
+            os.close(fd)
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise _FileFault("database file was replaced")
+        if head and head != _HEADER:
+            raise _FileFault("database file is not a SQLite database", damaged=True)
+
+    @contextmanager
+    def _watch(self, *, write: bool) -> Iterator[None]:
+        """Note faults as they happen, and the recovery when a write succeeds again."""
+        try:
+            yield
+        except Exception as exc:
+            kind = _fault_kind(exc)
+            if kind is not None:
+                self._failed(_reason(exc), kind)
+            raise
+        if write and self._fault is not None:
+            fault, self._fault = self._fault, None
+            log.warning(
+                "store available again after %.1f s (%s)",
+                time.monotonic() - fault.since,
+                self._path,
+            )
+
+    def _failed(self, reason: str, kind: _Kind) -> None:
+        now = time.monotonic()
+        old = self._fault
+        if old is None or old.reason != reason:
+            log.error(
+                "store unavailable: %s (%s); chat requests go through uncompacted, "
+                "retrying every %g s",
+                reason,
+                self._path,
+                self._retry_s,
+            )
+        if old is not None and old.kind.damaged:
+            # Damage is forgotten only once a reopened file passed its check.
+            kind = dataclasses.replace(kind, reconnect=True, damaged=True)
+        self._fault = _Fault(
+            reason, kind, since=old.since if old else now, retry_at=now + self._retry_s
+        )
+        if kind.reconnect:
+            self._summaries.clear()
 
     def _require(self) -> aiosqlite.Connection:
         if self._db is None:
@@ -242,17 +463,27 @@ class SqliteStore(Store):
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[aiosqlite.Connection]:
-        with _translated():
+        with _translated(), self._watch(write=False):
+            self._gate(write=False)
             async with self._mutex:
-                yield await self._settled()
+                yield await self._ready(write=False)
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
         """One write transaction: all of the body's statements, or none of them."""
-        with _translated():
+        with _translated(), self._watch(write=True):
+            self._gate(write=True)
             async with self._mutex:
-                db = await self._settled()
-                await db.execute("BEGIN IMMEDIATE")
+                db = await self._ready(write=True)
+                probing = self._fault is not None and self._fault.kind.busy
+                if probing:
+                    # Another process held the lock a moment ago: ask, do not queue.
+                    await db.execute(f"PRAGMA busy_timeout = {_PROBE_BUSY_MS}")
+                try:
+                    await db.execute("BEGIN IMMEDIATE")
+                finally:
+                    if probing:
+                        await db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
                 try:
                     yield db
                 except BaseException:
@@ -263,6 +494,15 @@ class SqliteStore(Store):
                 await db.commit()
 
     async def check_writable(self) -> None:
+        """A real write, after the checks a write cannot make: free space, the file."""
+        if self._path != MEMORY and self._wanted:
+            try:
+                fs = os.statvfs(os.path.dirname(os.path.abspath(self._path)))
+            except OSError as exc:
+                raise StoreError(_reason(exc)) from None
+            free = fs.f_bavail * fs.f_frsize
+            if free < MIN_FREE_BYTES:
+                raise StoreError(f"disk nearly full: {free // 1024} KiB free")
         async with self._write() as db:
             await db.execute(
                 "INSERT INTO heartbeat (id, at) VALUES (1, ?)"
