@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -504,6 +505,12 @@ def _same_or_made(sent: list[Any], forwarded: list[Any]) -> None:
             content.startswith("[Recap trimmed") or content.endswith(FRAME_CLOSE)
         )
         if made:
+            continue
+        shortened = re.search(r"recap://message/([0-9a-f]{64})", json.dumps(m))
+        if shortened and m.get("role") == "assistant":
+            # An old assistant message cut by decreasing fidelity: it names its original,
+            # which must be a message the client sent.
+            assert shortened.group(1) in {fingerprint(x) for x in sent if isinstance(x, dict)}
             continue
         while i < len(sent) and sent[i] != m:
             i += 1

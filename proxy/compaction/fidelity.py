@@ -8,9 +8,10 @@ untouched. Order and pairs never change, and neither do user messages (the first
 one above all), tool results (trimming handles those) or anything at or after
 `protect_from`.
 
-Shortened arguments stay valid JSON (`{"recap_shortened": "head…tail"}`): chat
-templates of some servers parse them. Every rewrite is a pure function of the
-message, so a cut prefix stays byte-identical across requests.
+Shortened arguments stay valid JSON (`{"recap_shortened": "head…tail", "archived":
+"recap://message/<fingerprint>"}`): chat templates of some servers parse them. Cut
+text ends with a note naming the archived original the same way. Every rewrite is a
+pure function of the message, so a cut prefix stays byte-identical across requests.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.compaction.transcript import head_tail
-from proxy.messages import Message
+from proxy.compaction.trim import ARCHIVE_SCHEME
+from proxy.messages import Message, fingerprint
 
 
 def plan_fidelity(
@@ -35,11 +37,17 @@ def plan_fidelity(
             continue
         changed = dict(message)
         content = message.get("content")
-        if max_chars > 0 and isinstance(content, str) and len(content) > max_chars:
-            changed["content"] = head_tail(content, max_chars)
+        long_text = max_chars > 0 and isinstance(content, str) and len(content) > max_chars
         calls = message.get("tool_calls")
-        if max_args_chars > 0 and isinstance(calls, list):
-            shortened = [_shorten_call(c, max_args_chars) for c in calls]
+        long_args = max_args_chars > 0 and isinstance(calls, list)
+        if not (long_text or long_args):
+            continue
+        ref = ARCHIVE_SCHEME + fingerprint(message)
+        if long_text and isinstance(content, str):
+            note = f"\n[Recap shortened this old message; full text archived as {ref}]"
+            changed["content"] = head_tail(content, max(max_chars - len(note), 1)) + note
+        if long_args and isinstance(calls, list):
+            shortened = [_shorten_call(c, max_args_chars, ref) for c in calls]
             if any(a is not b for a, b in zip(shortened, calls, strict=True)):
                 changed["tool_calls"] = shortened
         if changed != message:
@@ -47,12 +55,14 @@ def plan_fidelity(
     return out
 
 
-def _shorten_call(call: Any, limit: int) -> Any:
+def _shorten_call(call: Any, limit: int, ref: str) -> Any:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
         return call
     args = function.get("arguments")
     if not isinstance(args, str) or len(args) <= limit:
         return call
-    short = json.dumps({"recap_shortened": head_tail(args, limit)}, ensure_ascii=False)
+    short = json.dumps(
+        {"recap_shortened": head_tail(args, limit), "archived": ref}, ensure_ascii=False
+    )
     return {**call, "function": {**function, "arguments": short}}
