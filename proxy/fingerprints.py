@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.messages import Message, fingerprint, split_pinned
@@ -36,18 +37,43 @@ class Identity:
 
 
 class FingerprintCache:
-    def __init__(self, max_messages: int = 200_000) -> None:
+    def __init__(
+        self,
+        max_messages: int = 200_000,
+        idle_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_messages = max_messages
+        # An entry holds its conversation's whole last request, so the message bound is
+        # no bound in bytes: ended conversations are forgotten after `idle_s` instead of
+        # staying until it (a 15-minute soak grew by 300 MB). Forgetting costs one
+        # re-hash of a history when a conversation comes back.
+        self.idle_s = idle_s
+        self._clock = clock
         self._held = 0
-        self._entries: OrderedDict[ConversationRef, tuple[Sequence[Message], Identity]] = (
+        self._entries: OrderedDict[ConversationRef, tuple[Sequence[Message], Identity, float]] = (
             OrderedDict()
         )
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _forget_idle(self, now: float) -> None:
+        # Entries are in order of use: the idle ones are at the front.
+        while self._entries:
+            conv, (messages, _, used) = next(iter(self._entries.items()))
+            if now - used <= self.idle_s:
+                return
+            del self._entries[conv]
+            self._held -= len(messages)
 
     def identity(
         self, conv: ConversationRef, messages: Sequence[Message], model: str | None
     ) -> Identity:
+        now = self._clock()
+        self._forget_idle(now)
         previous = self._entries.pop(conv, None)
-        old_messages, old = previous if previous else ([], None)
+        old_messages, old = (previous[0], previous[1]) if previous else ([], None)
         if previous:
             self._held -= len(old_messages)
         same = 0  # length of the prefix equal to the previous request's
@@ -66,10 +92,10 @@ class FingerprintCache:
         counts = old.counts[:same] if old is not None and old.model == model else []
         ident = Identity(fps, pinned, chain, counts, model)
         # The request's own list is kept (not copied): nothing mutates a client's messages.
-        self._entries[conv] = (messages, ident)
+        self._entries[conv] = (messages, ident, now)
         self._held += len(messages)
         while self._held > self.max_messages and len(self._entries) > 1:
-            _, (dropped, _) = self._entries.popitem(last=False)
+            _, (dropped, _, _) = self._entries.popitem(last=False)
             self._held -= len(dropped)
         return ident
 
@@ -79,5 +105,5 @@ class FingerprintCache:
         """Token counts made during the request, for the next request to reuse."""
         entry = self._entries.get(conv)
         if entry is not None and entry[0] is messages:
-            ident = entry[1]
-            self._entries[conv] = (entry[0], dataclasses.replace(ident, counts=counts))
+            messages, ident, used = entry
+            self._entries[conv] = (messages, dataclasses.replace(ident, counts=counts), used)
