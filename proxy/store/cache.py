@@ -4,7 +4,8 @@
 whose only writer in normal operation is this process, the answer is kept in memory
 and dropped on every write that changes it (a new version, a rollback, a prune).
 Entries also expire after `ttl_s`, so a change made by another process on the same
-file (the `recap` CLI) takes effect within that time.
+file (the `recap` CLI) takes effect within that time; expired entries are dropped as
+new ones come, so ended conversations do not stay until `max_entries`.
 """
 
 from __future__ import annotations
@@ -40,16 +41,22 @@ class SummaryCache:
         if entry[0] <= self._clock():
             del self._entries[conv]
             return None
-        self._entries.move_to_end(conv)
         return entry[1], entry[2]
 
     def put(
         self, conv: ConversationRef, candidates: Candidates, current: SummaryVersion | None
     ) -> None:
-        self._entries[conv] = (self._clock() + self.ttl_s, tuple(candidates), current)
-        self._entries.move_to_end(conv)
+        now = self._clock()
+        # Entries are in the order they were put, so in the order they expire.
+        while self._entries and next(iter(self._entries.values()))[0] <= now:
+            self._entries.popitem(last=False)
+        self._entries.pop(conv, None)
+        self._entries[conv] = (now + self.ttl_s, tuple(candidates), current)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def drop(self, conv: ConversationRef) -> None:
         self._entries.pop(conv, None)
