@@ -219,29 +219,28 @@ class PickyStore(SqliteStore):
 
 async def test_a_record_the_store_cannot_hold_blocks_no_other(tmp_path: Path) -> None:
     store = PickyStore(str(tmp_path / "recap.db"))
-    await store.open()
-    archiver = Archiver(store)
     tenant = parse_config({}, env={}).tenants["default"]
-    for key in ("before", "poison", "after"):
-        exchange = Exchange(
-            request_id=key,
-            tenant=tenant,
-            conversation=ConversationRef("default", key),
-            headers={},
-            body={"model": "m", "messages": [{"role": "user", "content": key}]},
-            classification=Classification.TURN_START,
-            context_window=1000,
-            measure=Measure(TokenCounter(), None),
-        )
-        archiver.finish(exchange, {"status": 200})
-    await archiver.drain(timeout=5)
-    written = [
-        info.key
-        for info in await store.list_conversations(None)
-        if await store.last_event(ConversationRef("default", info.key), "request")
-    ]
+    async with store:
+        archiver = Archiver(store)
+        for key in ("before", "poison", "after"):
+            exchange = Exchange(
+                request_id=key,
+                tenant=tenant,
+                conversation=ConversationRef("default", key),
+                headers={},
+                body={"model": "m", "messages": [{"role": "user", "content": key}]},
+                classification=Classification.TURN_START,
+                context_window=1000,
+                measure=Measure(TokenCounter(), None),
+            )
+            archiver.finish(exchange, {"status": 200})
+        await archiver.drain(timeout=5)
+        written = [
+            info.key
+            for info in await store.list_conversations(None)
+            if await store.last_event(ConversationRef("default", info.key), "request")
+        ]
     assert sorted(written) == ["after", "before"]
-    await store.close()
 
 
 def test_database_file_deleted_under_the_proxy(probe: Probe, tmp_path: Path) -> None:
@@ -313,7 +312,7 @@ def test_damaged_pages_keep_the_store_down_until_repaired(
     with contextlib.closing(sqlite3.connect(path)) as db:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         (page,) = db.execute(
-            "SELECT rootpage FROM sqlite_master WHERE name = 'messages'"
+            "SELECT rootpage FROM sqlite_master WHERE name = 'summary_versions'"
         ).fetchone()
         (size,) = db.execute("PRAGMA page_size").fetchone()
     with path.open("r+b") as f:
@@ -321,12 +320,15 @@ def test_damaged_pages_keep_the_store_down_until_repaired(
         f.write(os.urandom(size))
     with serve(create_app(config)) as proxy:
         probe = Probe(proxy + "/v1", fake, logs, first=100)
-        probe.through_uncompacted()  # archiving reads the damaged page
+        probe.through_uncompacted()  # looking for its summary reads the damaged page
         probe.not_ready("malformed", "corrupt")
-        for _ in range(2):  # each retry reopens the file, checks it, and finds the damage
+        for _ in range(2):
+            # Each retry reopens the file and checks it before use: writes (the archive,
+            # the heartbeat) do not touch the damaged table, so without the check the
+            # store would look healthy until a request next reads that page.
             time.sleep(RETRY_S + 0.2)
-            probe.through_uncompacted()
             probe.not_ready("malformed", "corrupt")
+            probe.through_uncompacted()
         _restore(backup, path)
         probe.recovers()
 
