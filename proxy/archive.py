@@ -26,11 +26,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
-from collections import OrderedDict
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
+from proxy.archived import ArchivedIndex
 from proxy.fingerprints import FingerprintCache
 from proxy.messages import Message
 from proxy.pipeline import Exchange, History
@@ -44,17 +43,11 @@ def message_json(message: Message) -> str:
 
 
 class Archiver:
-    def __init__(
-        self, store: Store, known_limit: int = 200_000, known_ttl_s: float = 3600.0
-    ) -> None:
+    def __init__(self, store: Store, known: ArchivedIndex | None = None) -> None:
         self.store = store
-        # (conversation, fingerprint) pairs known to be on disk, with when that was
-        # learnt: most of a re-sent history is, so most requests archive one or two
-        # messages, not all of them. Knowledge expires (`known_ttl_s`), so a prune by
-        # another process (the CLI) cannot leave a resumed conversation unarchived.
-        self._known: OrderedDict[tuple[ConversationRef, str], float] = OrderedDict()
-        self._known_limit = known_limit
-        self.known_ttl_s = known_ttl_s
+        # What is known to be on disk: most of a re-sent history is, so most requests
+        # archive one or two messages, not all of them.
+        self._known = known if known is not None else ArchivedIndex()
         self._tasks: set[asyncio.Task[None]] = set()
         self._queue: list[ExchangeRecord] = []
         self._wake = asyncio.Event()
@@ -69,23 +62,15 @@ class Archiver:
         self, conv: ConversationRef, fps: Sequence[str], messages: Sequence[Message]
     ) -> list[tuple[str, str]]:
         """(fingerprint, json) of the messages not known to be archived, each once."""
+        known = self._known.known(conv)
         rows: dict[str, str] = {}
-        stale = time.monotonic() - self.known_ttl_s
         for fp, m in zip(fps, messages, strict=True):
-            learnt = self._known.get((conv, fp))
-            if learnt is not None and learnt > stale:
-                continue
-            if fp not in rows:
+            if fp not in known and fp not in rows:
                 rows[fp] = message_json(m)
         return list(rows.items())
 
     def _remember(self, conv: ConversationRef, rows: Sequence[tuple[str, str]]) -> None:
-        now = time.monotonic()
-        for fp, _ in rows:
-            self._known[(conv, fp)] = now
-            self._known.move_to_end((conv, fp))
-        while len(self._known) > self._known_limit:
-            self._known.popitem(last=False)
+        self._known.learn(conv, (fp for fp, _ in rows))
 
     async def write(self, conv: ConversationRef, rows: Sequence[tuple[str, str]]) -> None:
         if rows:
@@ -239,7 +224,7 @@ class ArchiveOriginals:
         self.cache = fingerprints
 
     async def __call__(self, ex: Exchange, /) -> None:
-        ident = self.cache.identity(ex.conversation, ex.original, ex.model)
+        ident = self.cache.identity(ex.conversation, ex.original, ex.model, ex.body_bytes)
         fps = ex.fingerprints = ident.fingerprints
         ex.measure.seed(ex.original, fps, ident.counts)
         p = ident.pinned

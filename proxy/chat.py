@@ -116,6 +116,7 @@ class ChatCompletions:
                     context_window=config.context_window(model),
                     measure=Measure(state.counter, model),
                     control=control_of(headers),
+                    body_bytes=len(raw),
                     log_fields=fields,
                 )
                 fields.update(

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from proxy.messages import Message, fingerprint, split_pinned
 from proxy.store.base import ConversationRef
 
+# What a held message costs at least, whatever its JSON length (dict and str overhead).
+PER_MESSAGE_BYTES = 256
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -37,45 +40,64 @@ class Identity:
 
 
 class FingerprintCache:
+    """Each conversation's last request (its messages, as parsed) with their identity.
+
+    Bounded by what it holds, not by what was served: a conversation not heard from for
+    `idle_s` is forgotten, and beyond `max_bytes` of held requests the least recently
+    used go first. Forgetting costs one re-hash of a history if that conversation comes
+    back (about 5 µs a message).
+    """
+
     def __init__(
         self,
-        max_messages: int = 200_000,
+        max_bytes: int = 256 << 20,
         idle_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.max_messages = max_messages
-        # An entry holds its conversation's whole last request, so the message bound is
-        # no bound in bytes: ended conversations are forgotten after `idle_s` instead of
-        # staying until it (a 15-minute soak grew by 300 MB). Forgetting costs one
-        # re-hash of a history when a conversation comes back.
+        self.max_bytes = max_bytes
         self.idle_s = idle_s
         self._clock = clock
         self._held = 0
-        self._entries: OrderedDict[ConversationRef, tuple[Sequence[Message], Identity, float]] = (
-            OrderedDict()
-        )
+        # conv -> (messages, identity, bytes held, last used), in order of use
+        self._entries: OrderedDict[
+            ConversationRef, tuple[Sequence[Message], Identity, int, float]
+        ] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
     def _forget_idle(self, now: float) -> None:
-        # Entries are in order of use: the idle ones are at the front.
         while self._entries:
-            conv, (messages, _, used) = next(iter(self._entries.items()))
+            conv, (_, _, size, used) = next(iter(self._entries.items()))
             if now - used <= self.idle_s:
                 return
             del self._entries[conv]
-            self._held -= len(messages)
+            self._held -= size
 
     def identity(
-        self, conv: ConversationRef, messages: Sequence[Message], model: str | None
+        self,
+        conv: ConversationRef,
+        messages: Sequence[Message],
+        model: str | None,
+        size: int = 0,
     ) -> Identity:
+        """The identity of `messages`, reusing the previous request's where they agree.
+
+        `size` is the request body's length, the measure of what keeping it costs
+        (at least `PER_MESSAGE_BYTES` a message, for small messages' object overhead).
+        """
         now = self._clock()
         self._forget_idle(now)
         previous = self._entries.pop(conv, None)
-        old_messages, old = (previous[0], previous[1]) if previous else ([], None)
-        if previous:
-            self._held -= len(old_messages)
+        old_messages: Sequence[Message] = []
+        old: Identity | None = None
+        if previous is not None:
+            old_messages, old, old_size, _ = previous
+            self._held -= old_size
         same = 0  # length of the prefix equal to the previous request's
         limit = min(len(messages), len(old_messages))
         while same < limit and messages[same] == old_messages[same]:
@@ -92,11 +114,12 @@ class FingerprintCache:
         counts = old.counts[:same] if old is not None and old.model == model else []
         ident = Identity(fps, pinned, chain, counts, model)
         # The request's own list is kept (not copied): nothing mutates a client's messages.
-        self._entries[conv] = (messages, ident, now)
-        self._held += len(messages)
-        while self._held > self.max_messages and len(self._entries) > 1:
-            _, (dropped, _, _) = self._entries.popitem(last=False)
-            self._held -= len(dropped)
+        weight = max(size, PER_MESSAGE_BYTES * len(messages))
+        self._entries[conv] = (messages, ident, weight, now)
+        self._held += weight
+        while self._held > self.max_bytes and len(self._entries) > 1:
+            _, (_, _, dropped, _) = self._entries.popitem(last=False)
+            self._held -= dropped
         return ident
 
     def remember_counts(
@@ -105,5 +128,5 @@ class FingerprintCache:
         """Token counts made during the request, for the next request to reuse."""
         entry = self._entries.get(conv)
         if entry is not None and entry[0] is messages:
-            messages, ident, used = entry
-            self._entries[conv] = (messages, dataclasses.replace(ident, counts=counts), used)
+            messages, ident, size, used = entry
+            self._entries[conv] = (messages, dataclasses.replace(ident, counts=counts), size, used)

@@ -45,6 +45,8 @@ class Exchange:
     context_window: int
     measure: Measure
     control: Control = "auto"
+    # Length of the body as the client sent it (what keeping its messages costs).
+    body_bytes: int = 0
     messages: list[Message] = field(default_factory=list)
     # Keep-alive / progress notes for the client (SSE comments when streaming).
     notify: Callable[[str], Awaitable[None]] = _no_notify

@@ -185,7 +185,11 @@ def wanted_encoding(model: str | None) -> str:
 class TokenCounter:
     """Counts tokens of text and chat messages; one per app, shared by all requests."""
 
-    def __init__(self, cache_size: int = 100_000, *, data_dir: Path | None = None) -> None:
+    # Counts of the client's own messages travel with the conversation (the fingerprint
+    # cache); this per-message cache serves what the proxy makes and re-counts on each
+    # request (placeholders, summary messages) and messages shared across conversations.
+    # About 300 bytes an entry: 20,000 is 6 MB, a few hundred busy conversations.
+    def __init__(self, cache_size: int = 20_000, *, data_dir: Path | None = None) -> None:
         if cache_size < 0:
             raise ValueError("cache_size must be >= 0")
         self._cache_size = cache_size

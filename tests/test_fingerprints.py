@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.fingerprints import FingerprintCache
+from proxy.fingerprints import PER_MESSAGE_BYTES, FingerprintCache
 from proxy.messages import chain_hashes, fingerprint, split_pinned
 from proxy.store.base import ConversationRef
 
@@ -56,12 +56,15 @@ def test_conversations_gone_quiet_are_forgotten() -> None:
     assert again.fingerprints == [fingerprint(m) for m in [*big, *big]]
 
 
-def test_the_message_bound_drops_the_least_recently_used() -> None:
-    cache = FingerprintCache(max_messages=10)
+def test_the_byte_bound_drops_the_least_recently_used() -> None:
+    cache = FingerprintCache(max_bytes=10_000)
     four = [{"role": "user", "content": str(n)} for n in range(4)]
     for key in ("a", "b", "c"):
-        cache.identity(ConversationRef("t", key), four, "m")
-    assert len(cache) == 2  # 12 messages held > 10: "a" went first
-    cache.identity(ConversationRef("t", "b"), four, "m")
-    cache.identity(ConversationRef("t", "d"), four, "m")
+        cache.identity(ConversationRef("t", key), four, "m", size=4_000)
+    assert len(cache) == 2 and cache.held_bytes == 8_000  # "a" went first
+    cache.identity(ConversationRef("t", "b"), four, "m", size=4_000)
+    cache.identity(ConversationRef("t", "d"), four, "m", size=4_000)
     assert len(cache) == 2  # "c" was the least recently used
+    # Small bodies of many messages weigh their messages' overhead.
+    cache.identity(ConversationRef("t", "e"), four * 5, "m", size=100)
+    assert len(cache) == 2 and cache.held_bytes == 4_000 + 20 * PER_MESSAGE_BYTES
