@@ -495,7 +495,12 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
                 [
                     sys.executable,
                     *(["-m", "cProfile", "-o", args.profile_recap] if args.profile_recap else []),
-                    *("-m", "proxy", "serve", "--host", "127.0.0.1", "--log-format", "json"),
+                    *(
+                        ["-m", "benchmarks.tracemem", args.tracemalloc, str(args.sample_s), "--"]
+                        if args.tracemalloc
+                        else ["-m", "proxy"]
+                    ),
+                    *("serve", "--host", "127.0.0.1", "--log-format", "json"),
                     *("--config", str(config), "--port", str(recap_port)),
                 ],
                 recap_port,
@@ -527,6 +532,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--workdir", help="keep config, database and logs here")
     p.add_argument("--profile-recap", metavar="PATH", help="run Recap under cProfile")
+    p.add_argument(
+        "--tracemalloc",
+        metavar="DIR",
+        help="run Recap with tracemalloc, a snapshot per sample in DIR (benchmarks/tracemem.py)",
+    )
     p.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
