@@ -7,12 +7,13 @@ import re
 import unicodedata
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.framing import (
     FRAME_CLOSE,
     FRAME_OPEN,
+    _fold,
     check_summary,
     extract_summary,
     summary_message,
@@ -202,3 +203,31 @@ def test_chinese_framing(language: str) -> None:
 def test_other_languages_get_english_framing(language: str) -> None:
     content = summary_message(REAL_SUMMARY, "system", language, "session")["content"]
     assert content.startswith("This conversation continues an earlier part")
+
+
+def _fold_reference(text: str) -> str:
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) == "Cf":
+            out.append(" ")
+            continue
+        folded = unicodedata.normalize("NFKC", ch).lower()
+        out.append(folded if len(folded) == 1 else ch)
+    return "".join(out)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.text(
+        alphabet=st.one_of(
+            st.characters(max_codepoint=0x2FF),
+            st.characters(min_codepoint=0x2000, max_codepoint=0x206F),
+            st.characters(min_codepoint=0x3000, max_codepoint=0x4E80),
+            st.characters(min_codepoint=0xFF00, max_codepoint=0xFFEF),
+            st.sampled_from("\u0130\ufb00\U0001d42b\u200b\ufeff\u00ad<&"),
+        )
+    )
+)
+def test_fold_fast_paths_equal_folding_each_character(text: str) -> None:
+    """ASCII and CJK runs are folded whole; the result must be the per-character fold."""
+    assert _fold(text) == _fold_reference(text)
