@@ -72,10 +72,17 @@ def check_summary(text: str, finish_reason: str | None, max_chars: int) -> str |
 
 # Anything that reads as our frame tag once folded: an opening bracket (or an HTML
 # entity for one), optional slash, the name with any separators. Matched on a
-# folded copy (see _fold) so full-width letters and zero-width characters do
-# not slip through.
+# folded copy (see _fold) so full-width letters and invisible characters (folded to
+# NUL, allowed anywhere in the tag, "re\u200bcap" included) do not slip through.
+def _invisible_between(word: str) -> str:
+    return "".join(re.escape(c) + "\x00*" for c in word)
+
+
 _FRAME_TAG = re.compile(
-    r"(?P<bracket><|&lt;?|&#0*60;?|&#x0*3c;?)\s*/?\s*recap[\W_]{0,5}summary",
+    r"(?P<bracket><|&lt;?|&#0*60;?|&#x0*3c;?)[\s\x00]*/?[\s\x00]*"
+    + _invisible_between("recap")
+    + r"[\W_]{0,5}\x00*"
+    + _invisible_between("summary")
 )
 _SAFE_BRACKET = "‹"  # U+2039: reads as a bracket to a model, closes nothing.
 
@@ -89,13 +96,13 @@ _PLAIN_RUN = re.compile(r"[\x00-\x7f]+|[\u3400-\u4dbf\u4e00-\u9fff]+")
 
 def _fold_char(ch: str) -> str:
     if unicodedata.category(ch) == "Cf":
-        return " "
+        return "\x00"
     folded = unicodedata.normalize("NFKC", ch).lower()
     return folded if len(folded) == 1 else ch
 
 
 def _fold(text: str) -> str:
-    """A same-length copy for matching: NFKC per character, lower case, format chars as space."""
+    """A same-length copy for matching: NFKC per character, lower case, format chars as NUL."""
     if text.isascii():
         return text.lower()
     out: list[str] = []

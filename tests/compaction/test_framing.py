@@ -209,7 +209,7 @@ def _fold_reference(text: str) -> str:
     out = []
     for ch in text:
         if unicodedata.category(ch) == "Cf":
-            out.append(" ")
+            out.append("\x00")
             continue
         folded = unicodedata.normalize("NFKC", ch).lower()
         out.append(folded if len(folded) == 1 else ch)
