@@ -263,6 +263,20 @@ def test_database_file_deleted_under_the_proxy(probe: Probe, tmp_path: Path) -> 
     assert versions >= 2
 
 
+def test_database_file_replaced_under_the_proxy(probe: Probe, tmp_path: Path) -> None:
+    """Another file put at the path (a restored backup): the proxy moves to it instead of
+    writing on into the file it had open, which is no longer at any path."""
+    path = tmp_path / "recap.db"
+    _restore(_backup(path), path)  # the same content, as a new file
+    probe.through_uncompacted()
+    probe.not_ready("replaced")
+    probe.logged("database file was replaced")
+    probe.recovers()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        (versions,) = db.execute("SELECT COUNT(*) FROM summary_versions").fetchone()
+    assert versions >= 2  # the compaction after recovery is in the file at the path
+
+
 def test_database_file_corrupted_under_the_proxy(probe: Probe, tmp_path: Path) -> None:
     path = tmp_path / "recap.db"
     backup = _backup(path)
@@ -279,6 +293,21 @@ def test_database_file_corrupted_under_the_proxy(probe: Probe, tmp_path: Path) -
     time.sleep(RETRY_S + 0.2)
     probe.through_uncompacted()  # the reconnect finds garbage too
     probe.not_ready("not a database", "not a SQLite database")
+    _restore(backup, path)
+    probe.recovers()
+
+
+def test_overwritten_file_is_noticed_before_sqlite_reads_it(probe: Probe, tmp_path: Path) -> None:
+    """Garbage written over the file while everything SQLite needs is in its page cache and
+    its write-ahead log: SQLite would go on reading and writing as if nothing happened
+    (and checkpoint onto the garbage later); the check before each write stops it."""
+    path = tmp_path / "recap.db"
+    backup = _backup(path)
+    size = path.stat().st_size
+    with path.open("r+b") as f:  # no checkpoint first: the log and the cache stay valid
+        f.write(os.urandom(size))
+    probe.through_uncompacted()
+    probe.not_ready("not a SQLite database")
     _restore(backup, path)
     probe.recovers()
 
@@ -387,6 +416,18 @@ def test_disk_full(tmpfs_probe: Probe, tmpfs: Path) -> None:
     tmpfs_probe.logged("full")
     filler.unlink()
     tmpfs_probe.recovers()
+
+
+def test_disk_nearly_full_is_not_ready_before_writes_fail(tmpfs_probe: Probe, tmpfs: Path) -> None:
+    """Under 1 MiB free, /readyz says so while writes still succeed: the operator hears of
+    it before requests lose their compaction."""
+    free = shutil.disk_usage(tmpfs).free
+    filler = tmpfs / "filler"
+    filler.write_bytes(b"\0" * (free - 512 * 1024))
+    tmpfs_probe.not_ready("nearly full")
+    filler.unlink()
+    assert wait_until(lambda: tmpfs_probe.ready().status_code == 200, timeout=3 * RETRY_S + 2)
+    tmpfs_probe.compacts()
 
 
 @pytest.fixture
