@@ -425,6 +425,7 @@ def test_disk_nearly_full_is_not_ready_before_writes_fail(tmpfs_probe: Probe, tm
     filler = tmpfs / "filler"
     filler.write_bytes(b"\0" * (free - 512 * 1024))
     tmpfs_probe.not_ready("nearly full")
+    tmpfs_probe.compacts()
     filler.unlink()
     assert wait_until(lambda: tmpfs_probe.ready().status_code == 200, timeout=3 * RETRY_S + 2)
     tmpfs_probe.compacts()
