@@ -13,19 +13,18 @@ back; the store ignores the rows it already has.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Set
 
+from proxy.recent import RecentlyUsed
 from proxy.store.base import ConversationRef
 
 
 class _Known:
-    __slots__ = ("fingerprints", "since", "used")
+    __slots__ = ("fingerprints", "since")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, since: float) -> None:
         self.fingerprints: set[str] = set()
-        self.since = now
-        self.used = now
+        self.since = since
 
 
 class ArchivedIndex:
@@ -36,55 +35,33 @@ class ArchivedIndex:
         ttl_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.max_entries = max_entries
-        self.idle_s = idle_s
         self.ttl_s = ttl_s
         self._clock = clock
-        self._held = 0
-        # In order of use: the quiet conversations are at the front.
-        self._convs: OrderedDict[ConversationRef, _Known] = OrderedDict()
+        # Weighed by fingerprints held.
+        self._convs: RecentlyUsed[ConversationRef, _Known] = RecentlyUsed(
+            max_entries, idle_s, clock
+        )
 
     def __len__(self) -> int:
         """Fingerprints held, over all conversations."""
-        return self._held
+        return self._convs.weight
 
     def known(self, conv: ConversationRef) -> Set[str]:
         """The fingerprints of `conv` known to be on disk (a live view: do not keep it)."""
-        entry = self._use(conv, create=False)
+        entry = self._current(conv)
         return entry.fingerprints if entry is not None else frozenset()
 
     def learn(self, conv: ConversationRef, fingerprints: Iterable[str]) -> None:
-        entry = self._use(conv, create=True)
-        assert entry is not None
-        before = len(entry.fingerprints)
+        entry = self._current(conv) or _Known(self._clock())
         entry.fingerprints.update(fingerprints)
-        self._held += len(entry.fingerprints) - before
-        while self._held > self.max_entries and len(self._convs) > 1:
-            _, dropped = self._convs.popitem(last=False)
-            self._held -= len(dropped.fingerprints)
+        self._convs.put(conv, entry, len(entry.fingerprints))
 
     def clear(self) -> None:
         self._convs.clear()
-        self._held = 0
 
-    def _use(self, conv: ConversationRef, *, create: bool) -> _Known | None:
-        now = self._clock()
-        while self._convs:
-            quiet = next(iter(self._convs.values()))
-            if now - quiet.used <= self.idle_s:
-                break
-            self._drop(next(iter(self._convs)))
+    def _current(self, conv: ConversationRef) -> _Known | None:
         entry = self._convs.get(conv)
-        if entry is not None and now - entry.since > self.ttl_s:
-            self._drop(conv)
-            entry = None
-        if entry is None:
-            if not create:
-                return None
-            entry = self._convs[conv] = _Known(now)
-        entry.used = now
-        self._convs.move_to_end(conv)
+        if entry is not None and self._clock() - entry.since > self.ttl_s:
+            self._convs.pop(conv)
+            return None
         return entry
-
-    def _drop(self, conv: ConversationRef) -> None:
-        self._held -= len(self._convs.pop(conv).fingerprints)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.messages import Message, fingerprint, split_pinned
+from proxy.recent import RecentlyUsed
 from proxy.store.base import ConversationRef
 
 # What a held message costs at least, whatever its JSON length (dict and str overhead).
@@ -54,29 +54,17 @@ class FingerprintCache:
         idle_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.max_bytes = max_bytes
-        self.idle_s = idle_s
-        self._clock = clock
-        self._held = 0
-        # conv -> (messages, identity, bytes held, last used), in order of use
-        self._entries: OrderedDict[
-            ConversationRef, tuple[Sequence[Message], Identity, int, float]
-        ] = OrderedDict()
+        # conv -> (messages, identity, bytes they weigh), weighed in bytes
+        self._recent: RecentlyUsed[ConversationRef, tuple[Sequence[Message], Identity, int]] = (
+            RecentlyUsed(max_bytes, idle_s, clock)
+        )
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._recent)
 
     @property
     def held_bytes(self) -> int:
-        return self._held
-
-    def _forget_idle(self, now: float) -> None:
-        while self._entries:
-            conv, (_, _, size, used) = next(iter(self._entries.items()))
-            if now - used <= self.idle_s:
-                return
-            del self._entries[conv]
-            self._held -= size
+        return self._recent.weight
 
     def identity(
         self,
@@ -90,14 +78,9 @@ class FingerprintCache:
         `size` is the request body's length, the measure of what keeping it costs
         (at least `PER_MESSAGE_BYTES` a message, for small messages' object overhead).
         """
-        now = self._clock()
-        self._forget_idle(now)
-        previous = self._entries.pop(conv, None)
-        old_messages: Sequence[Message] = []
-        old: Identity | None = None
-        if previous is not None:
-            old_messages, old, old_size, _ = previous
-            self._held -= old_size
+        previous = self._recent.pop(conv)
+        old_messages: Sequence[Message] = previous[0] if previous else []
+        old = previous[1] if previous else None
         same = 0  # length of the prefix equal to the previous request's
         limit = min(len(messages), len(old_messages))
         while same < limit and messages[same] == old_messages[same]:
@@ -115,18 +98,14 @@ class FingerprintCache:
         ident = Identity(fps, pinned, chain, counts, model)
         # The request's own list is kept (not copied): nothing mutates a client's messages.
         weight = max(size, PER_MESSAGE_BYTES * len(messages))
-        self._entries[conv] = (messages, ident, weight, now)
-        self._held += weight
-        while self._held > self.max_bytes and len(self._entries) > 1:
-            _, (_, _, dropped, _) = self._entries.popitem(last=False)
-            self._held -= dropped
+        self._recent.put(conv, (messages, ident, weight), weight)
         return ident
 
     def remember_counts(
         self, conv: ConversationRef, messages: Sequence[Message], counts: list[int | None]
     ) -> None:
         """Token counts made during the request, for the next request to reuse."""
-        entry = self._entries.get(conv)
+        entry = self._recent.get(conv)
         if entry is not None and entry[0] is messages:
-            messages, ident, size, used = entry
-            self._entries[conv] = (messages, dataclasses.replace(ident, counts=counts), size, used)
+            ident = dataclasses.replace(entry[1], counts=counts)
+            self._recent.put(conv, (messages, ident, entry[2]), entry[2])
