@@ -22,7 +22,7 @@ from proxy.errors import RecapError
 from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
 from proxy.measure import Measure
-from proxy.messages import classify
+from proxy.messages import classify, json_bytes
 from proxy.pipeline import Control, Exchange
 from proxy.relay import (
     ClientDisconnected,
@@ -72,12 +72,7 @@ def encode_body(body: dict[str, Any], messages: list[Any]) -> bytes:
     """Deterministic serialisation: the same messages give the same bytes (prompt caches)."""
     out = dict(body)
     out["messages"] = messages
-    try:
-        return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:
-        # A lone surrogate (valid as a JSON escape, as the client sent it) is not UTF-8:
-        # escaped again, never written as the invalid bytes surrogatepass would give.
-        return json.dumps(out, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    return json_bytes(out, separators=(",", ":"))
 
 
 class ChatCompletions:

@@ -54,6 +54,19 @@ def classify(messages: Sequence[Any]) -> Classification:
     return Classification.OTHER
 
 
+def json_bytes(value: Any, separators: tuple[str, str] | None = None) -> bytes:
+    """`value` as UTF-8 JSON for the wire.
+
+    A lone surrogate (valid as a JSON escape, as a client may send it) is not UTF-8: such
+    a value is written with its non-ASCII escaped again, never as the invalid bytes
+    `surrogatepass` would give.
+    """
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=separators).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=separators).encode("ascii")
+
+
 def fingerprint(message: Message) -> str:
     """A canonical hash of what the message says (stable across key order and spacing)."""
     identity = {k: message[k] for k in _IDENTITY_FIELDS if message.get(k) is not None}
@@ -74,10 +87,11 @@ def chain_hashes(messages: Sequence[Message]) -> list[str]:
     return chain_of([fingerprint(m) for m in messages])
 
 
-def chain_of(fingerprints: Sequence[str]) -> list[str]:
-    """chain_hashes from fingerprints already computed."""
+def chain_of(fingerprints: Sequence[str], after: str = "") -> list[str]:
+    """chain_hashes from fingerprints already computed; `after`: the chain hash of the
+    messages before them, to extend a chain."""
     out: list[str] = []
-    h = ""
+    h = after
     for fp in fingerprints:
         h = hashlib.sha256((h + fp).encode("ascii")).hexdigest()
         out.append(h)

@@ -11,7 +11,6 @@ from paying for a failing call on every turn.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import httpx
 from proxy.compaction.framing import check_summary, extract_summary
 from proxy.compaction.guard import guard_summary
 from proxy.config import Tenant
+from proxy.messages import json_bytes
 from proxy.scenes import Scene, render
 from proxy.store.base import ConversationRef
 from proxy.upstream import UpstreamPool, translate, upstream_url
@@ -96,7 +96,7 @@ class Summarizer:
                 response = await asyncio.wait_for(
                     client.post(
                         upstream_url(upstream, "/v1/chat/completions", b""),
-                        content=_json_bytes(body),
+                        content=json_bytes(body),
                         # latin-1: the client's Authorization is forwarded byte for byte.
                         headers=httpx.Headers(headers, encoding="latin-1"),
                         timeout=timeout,
@@ -138,13 +138,6 @@ class Summarizer:
             model=str(data.get("model") or chosen),
             duration_ms=duration_ms,
         )
-
-
-def _json_bytes(body: Mapping[str, Any]) -> bytes:
-    try:
-        return json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from the client's text: keep it escaped
-        return json.dumps(body).encode("ascii")
 
 
 class Breaker:
