@@ -13,12 +13,11 @@ fields, so reuse is exact.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.messages import Message, fingerprint, split_pinned
+from proxy.messages import Message, chain_of, fingerprint, split_pinned
 from proxy.recent import RecentlyUsed
 from proxy.store.base import ConversationRef
 
@@ -90,10 +89,7 @@ class FingerprintCache:
         chain: list[str] = []
         if old is not None and old.pinned == pinned and same > pinned:
             chain = old.chain[: same - pinned]
-        h = chain[-1] if chain else ""
-        for fp in fps[pinned + len(chain) :]:
-            h = hashlib.sha256((h + fp).encode("ascii")).hexdigest()
-            chain.append(h)
+        chain += chain_of(fps[pinned + len(chain) :], after=chain[-1] if chain else "")
         counts = old.counts[:same] if old is not None and old.model == model else []
         ident = Identity(fps, pinned, chain, counts, model)
         # The request's own list is kept (not copied): nothing mutates a client's messages.
