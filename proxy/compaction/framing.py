@@ -91,7 +91,8 @@ _SAFE_BRACKET = "‹"  # U+2039: reads as a bracket to a model, closes nothing.
 # leaves it alone) and CJK ideographs (no case, NFKC leaves them alone). Summaries are
 # mostly one or the other, and folding them a character at a time in Python cost 6% of
 # the proxy's CPU under load (benchmarks/soak.py).
-_PLAIN_RUN = re.compile(r"[\x00-\x7f]+|[\u3400-\u4dbf\u4e00-\u9fff]+")
+# Captured, so that splitting on it alternates other text (even places) and runs (odd).
+_PLAIN_RUN = re.compile(r"([\x00-\x7f]+|[\u3400-\u4dbf\u4e00-\u9fff]+)")
 
 
 def _fold_char(ch: str) -> str:
@@ -107,17 +108,15 @@ def _fold(text: str) -> str:
         return text.lower()
     out: list[str] = []
     seen: dict[str, str] = {}
-    pos = 0
-    for run in _PLAIN_RUN.finditer(text):
-        for ch in text[pos : run.start()]:
+    for i, piece in enumerate(_PLAIN_RUN.split(text)):
+        if i % 2:
+            out.append(piece.lower())
+            continue
+        for ch in piece:
             hit = seen.get(ch)
             if hit is None:
                 hit = seen[ch] = _fold_char(ch)
             out.append(hit)
-        out.append(run.group().lower())
-        pos = run.end()
-    for ch in text[pos:]:
-        out.append(_fold_char(ch))
     return "".join(out)
 
 
