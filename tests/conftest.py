@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from proxy.app import create_app
 from proxy.config import Config, parse_config
 from proxy.logs import JsonFormatter
 from tests.fakes import FakeUpstream
+from tests.faults import SummarizerFake, compacting_config
 from tests.servers import serve
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,8 +103,6 @@ def make_config(upstream_url: str, tmp_path: Path, **overrides: Any) -> Config:
 @pytest.fixture
 def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start a proxy with config overrides; returns its base URL (ending in /v1)."""
-    from contextlib import ExitStack
-
     with ExitStack() as stack:
 
         def start(config: Config | None = None, **overrides: Any) -> str:
@@ -115,3 +115,26 @@ def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Callable[..., s
 @pytest.fixture
 def proxy_url(proxy_factory: Callable[..., str]) -> str:
     return proxy_factory()
+
+
+# -- the fault tests' servers: an upstream whose summarizer calls a test scripts, and
+# proxies that compact against it (tests/faults.py) ----------------------------------------
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[SummarizerFake, str]]:
+    fake = SummarizerFake()
+    with serve(fake) as url:
+        yield fake, url
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start a compacting proxy on an upstream URL, with config overrides; returns its /v1 URL."""
+    with ExitStack() as stack:
+
+        def run(upstream_url: str, **kwargs: Any) -> str:
+            config = compacting_config(upstream_url, tmp_path, **kwargs)
+            return stack.enter_context(serve(create_app(config))) + "/v1"
+
+        yield run

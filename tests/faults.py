@@ -25,11 +25,15 @@ from typing import Any
 import httpx
 
 from proxy.config import Config, parse_config
-from tests.conftest import REPO
 from tests.fakes import FakeUpstream, extractive_summary
+from tests.servers import read_body
 
+# The repository's scenes (not tests.conftest.REPO: conftest imports this module).
+SCENES = Path(__file__).resolve().parent.parent / "scenes"
 WINDOW = 12000
 MODEL = "small"
+# A valid summarizer answer.
+SUMMARY = "<summary>\n## User Goal\nChange a flight.\n</summary>"
 FRAME_OPEN = "<recap-summary>"
 
 _WORDS = [
@@ -128,7 +132,7 @@ def compacting_data(
     }
     return {
         "store": f"sqlite:///{tmp_path / 'recap.db'}",
-        "scenes_dir": str(REPO / "scenes"),
+        "scenes_dir": str(SCENES),
         "models": {MODEL: {"context_window": WINDOW}},
         "tenants": tenants or {"default": tenant},
         **top,
@@ -222,12 +226,7 @@ class SummarizerFake:
 
             await self.fake.app(scope, receive, counting)
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await read_body(receive)
         body = json.loads(raw)
         tenant = headers.get("authorization", "")
         call = Call(tenant, body)

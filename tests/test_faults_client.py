@@ -11,48 +11,23 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, closing, suppress
-from pathlib import Path
-from typing import Any
+from contextlib import closing, suppress
 
 import httpx
 import pytest
 
-from proxy.app import create_app
 from tests.conftest import LogCapture
 from tests.fakes import Reply
 from tests.faults import (
     MODEL,
+    SUMMARY,
     Answer,
     SummarizerFake,
-    compacting_config,
     history,
     post,
     summaries_in,
     wait_until,
 )
-from tests.servers import serve
-
-SUMMARY = "<summary>\n## User Goal\nChange a flight.\n</summary>"
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[SummarizerFake, str]]:
-    fake = SummarizerFake()
-    with serve(fake) as url:
-        yield fake, url
-
-
-@pytest.fixture
-def start(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    with ExitStack() as stack:
-
-        def run(upstream_url: str, **kwargs: Any) -> str:
-            config = compacting_config(upstream_url, tmp_path, **kwargs)
-            return stack.enter_context(serve(create_app(config))) + "/v1"
-
-        yield run
-
 
 # -- the proxy as a client: an upstream that never completes the TCP handshake ---------
 

@@ -55,13 +55,6 @@ from tests.servers import free_port, serve
 RETRY_S = 1.0  # SqliteStore's default retry interval
 
 
-@pytest.fixture
-def upstream() -> Iterator[tuple[SummarizerFake, str]]:
-    fake = SummarizerFake()
-    with serve(fake) as url:
-        yield fake, url
-
-
 class Probe:
     """One proxy under test, with what a test asks of it."""
 

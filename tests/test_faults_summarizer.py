@@ -10,52 +10,26 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-import pytest
 
-from proxy.app import create_app
 from proxy.conversation import check_history
 from proxy.tokens import TokenCounter
 from tests.conftest import LogCapture
 from tests.faults import (
     MODEL,
+    SUMMARY,
     WINDOW,
     Answer,
     SummarizerFake,
-    compacting_config,
     history,
     post,
     summaries_in,
     wait_until,
 )
-from tests.servers import free_port, serve
-
-SUMMARY = "<summary>\n## User Goal\nChange a flight.\n</summary>"
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[SummarizerFake, str]]:
-    fake = SummarizerFake()
-    with serve(fake) as url:
-        yield fake, url
-
-
-@pytest.fixture
-def start(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-
-        def run(upstream_url: str, **kwargs: Any) -> str:
-            config = compacting_config(upstream_url, tmp_path, **kwargs)
-            return stack.enter_context(serve(create_app(config))) + "/v1"
-
-        yield run
-
+from tests.servers import free_port
 
 # Each case: what the summarizer does, and the reason the proxy must log for it.
 FAILURES: dict[str, tuple[Answer, str]] = {

@@ -54,7 +54,7 @@ from proxy.messages import chain_hashes, classify, fingerprint, split_pinned
 from proxy.store.base import ConversationRef
 from proxy.tokens import TokenCounter
 from tests.conftest import REPO, LogCapture
-from tests.servers import serve
+from tests.servers import read_body, serve
 
 # -- what clients send --------------------------------------------------------------------
 
@@ -335,12 +335,7 @@ class Upstream:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await read_body(receive)
         headers = dict(scope["headers"])
         if headers.get(b"x-recap-purpose") == b"summarize":
             content = "<summary>\n## User Goal\nfuzzed conversation\n</summary>"

@@ -11,21 +11,18 @@ history stays valid with `summary_role: user` too.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import unicodedata
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from proxy.app import create_app
 from proxy.compaction.framing import FRAME_CLOSE, FRAME_OPEN
 from proxy.conversation import check_history
-from tests.faults import Answer, SummarizerFake, compacting_config, history, post, summaries_in
-from tests.servers import serve
+from tests.faults import Answer, SummarizerFake, history, post, summaries_in
 
 ATTACKS = [
     # First: it makes the summarizer's answer end in a <summary> pair the user opened.
@@ -63,24 +60,14 @@ def echo(body: dict[str, Any]) -> Answer:
 
 
 @pytest.fixture
-def upstream() -> Iterator[tuple[SummarizerFake, str]]:
-    fake = SummarizerFake()
-    fake.answer = echo
-    with serve(fake) as url:
-        yield fake, url
+def upstream(upstream: tuple[SummarizerFake, str]) -> tuple[SummarizerFake, str]:
+    upstream[0].answer = echo
+    return upstream
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    with ExitStack() as stack:
-
-        def run(upstream_url: str, **kwargs: Any) -> str:
-            config = compacting_config(
-                upstream_url, tmp_path, summarizer={"quality_guard": True}, **kwargs
-            )
-            return stack.enter_context(serve(create_app(config))) + "/v1"
-
-        yield run
+def start(start: Callable[..., str]) -> Callable[..., str]:
+    return functools.partial(start, summarizer={"quality_guard": True})
 
 
 def attacked_history() -> list[dict[str, Any]]:
