@@ -61,7 +61,17 @@ from proxy.store.base import (
     pick_matching,
 )
 from proxy.store.cache import SummaryCache
-from proxy.store.migrations import SchemaTooNew, migrate
+from proxy.store.migrations import migrate
+from proxy.store.sqlite_faults import (
+    Fault,
+    FileFault,
+    Kind,
+    check_file,
+    check_free_space,
+    fault_kind,
+    fault_reason,
+    translated,
+)
 
 log = logging.getLogger("recap.store")
 
@@ -69,16 +79,6 @@ MEMORY = ":memory:"
 # Below SQLite's smallest host-parameter limit (999), leaving room for tenant and key.
 _IN_CHUNK = 900
 
-# SQLite primary result codes (sqlite3.h) that mean "unavailable", not "a bug of ours".
-# Writes fail but the connection is sound: BUSY, LOCKED (another writer), FULL.
-_WRITE_FAULTS = frozenset({5, 6, 13})
-# The connection or its file is suspect: READONLY, IOERR, CORRUPT, CANTOPEN, NOTADB.
-_FILE_FAULTS = frozenset({8, 10, 11, 14, 26})
-_BUSY = frozenset({5, 6})
-_DAMAGED = frozenset({11, 26})  # CORRUPT, NOTADB
-_HEADER = b"SQLite format 3\x00"
-# /readyz is not ready below this much free space: the next archive batch may not fit.
-MIN_FREE_BYTES = 1 << 20
 # While another process holds the write lock, probes wait this long, not busy_timeout.
 _PROBE_BUSY_MS = 50
 
@@ -101,81 +101,6 @@ _SUMMARY_FROM = (
 _CONVERSATION_COLUMNS = ", ".join(_names(ConversationInfo))
 _LOOP_COLUMNS = ", ".join(_names(LoopSummary))
 _COMPACTION_COLUMNS = ", ".join(_names(CompactionRecord))
-
-
-def _reason(exc: BaseException) -> str:
-    """A short cause for logs and /readyz: the error class, never any stored text."""
-    if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
-        # SQLite messages name tables and constraints, not bound values.
-        return f"sqlite {code}: {str(exc)[:120]}"
-    if isinstance(exc, UnicodeError):
-        return "text is not valid UTF-8"
-    if isinstance(exc, OSError):
-        return f"{type(exc).__name__}: {exc.strerror or 'os error'}"
-    if isinstance(exc, _FileFault | SchemaTooNew):
-        return str(exc)
-    return type(exc).__name__
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    """The one place where driver and OS errors become StoreError."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except SchemaTooNew as exc:
-        raise StoreError(str(exc)) from exc
-    except (sqlite3.Error, OSError, UnicodeError, _FileFault) as exc:
-        raise StoreError(_reason(exc)) from exc
-
-
-class _FileFault(Exception):
-    """The database file itself is gone, replaced or not a database (checked before writes)."""
-
-    def __init__(self, reason: str, *, damaged: bool = False) -> None:
-        super().__init__(reason)
-        self.damaged = damaged
-
-
-@dataclasses.dataclass(frozen=True)
-class _Kind:
-    """What a failure says about the store."""
-
-    # The connection is suspect: reopen it before the next call.
-    reconnect: bool = False
-    # Another writer holds the lock: probes ask briefly instead of queueing.
-    busy: bool = False
-    # The content is damaged: a reopened file is checked (quick_check) before it is used.
-    damaged: bool = False
-
-
-@dataclasses.dataclass
-class _Fault:
-    reason: str
-    kind: _Kind
-    since: float
-    retry_at: float
-
-
-def _fault_kind(exc: BaseException) -> _Kind | None:
-    """How `exc` makes the store unavailable; None when it is not a store fault (a bug)."""
-    if isinstance(exc, _FileFault):
-        return _Kind(reconnect=True, damaged=exc.damaged)
-    if isinstance(exc, OSError):
-        return _Kind(reconnect=True)
-    if isinstance(exc, sqlite3.Error):
-        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
-        if code in _DAMAGED:
-            return _Kind(reconnect=True, damaged=True)
-        if code in _FILE_FAULTS:
-            return _Kind(reconnect=True)
-        if code in _WRITE_FAULTS:
-            return _Kind(busy=code in _BUSY)
-        if isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
-            return _Kind(reconnect=True)
-    return None
 
 
 def _payload_json(payload: Mapping[str, Any]) -> str:
@@ -268,7 +193,7 @@ class SqliteStore(Store):
         # empty (that would hide the loss and split the archive in two).
         self._created = False
         self._identity: tuple[int, int] | None = None
-        self._fault: _Fault | None = None
+        self._fault: Fault | None = None
 
     @property
     def path(self) -> str:
@@ -279,7 +204,7 @@ class SqliteStore(Store):
             self._wanted = True
             if self._db is not None:
                 return
-            with _translated(), self._watch(write=False):
+            with translated(), self._watch(write=False):
                 await self._connect()
 
     async def _connect(self) -> None:
@@ -287,7 +212,7 @@ class SqliteStore(Store):
         try:
             await self._open_connection()
         except Exception as exc:
-            self._failed(_reason(exc), _fault_kind(exc) or _Kind(reconnect=True))
+            self._failed(fault_reason(exc), fault_kind(exc) or Kind(reconnect=True))
             raise
 
     async def _open_connection(self) -> None:
@@ -342,7 +267,7 @@ class SqliteStore(Store):
             self._wanted = False
             db, self._db = self._db, None
             if db is not None:
-                with _translated():
+                with translated():
                     await db.close()
 
     def _gate(self, *, write: bool) -> None:
@@ -364,8 +289,8 @@ class SqliteStore(Store):
             fault.retry_at = time.monotonic() + self._retry_s
         if self._db is None or (fault is not None and fault.kind.reconnect):
             await self._reopen(check=fault is not None and fault.kind.damaged)
-        if write:
-            self._check_file()
+        if write and self._identity is not None:
+            check_file(self._path, self._identity)
         return await self._settled()
 
     async def _reopen(self, *, check: bool) -> None:
@@ -383,32 +308,10 @@ class SqliteStore(Store):
             if [tuple(r) for r in rows] != [("ok",)]:
                 await self._db.close()
                 self._db = None
-                raise _FileFault("database file is corrupt", damaged=True)
+                raise FileFault("database file is corrupt", damaged=True)
         if self._fault is not None:
             # Connected (and checked); the next write tells whether the store is back.
-            self._fault.kind = _Kind()
-
-    def _check_file(self) -> None:
-        """Before a write: is the path still our database? (A few syscalls, no SQLite.)
-
-        A deleted file would take writes into an unlinked inode, and a file
-        overwritten in place is only noticed by SQLite when a page is not cached.
-        """
-        if self._identity is None:
-            return
-        try:
-            fd = os.open(self._path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise _FileFault("database file is missing") from None
-        try:
-            st = os.fstat(fd)
-            head = os.read(fd, len(_HEADER))
-        finally:
-            os.close(fd)
-        if (st.st_dev, st.st_ino) != self._identity:
-            raise _FileFault("database file was replaced")
-        if head and head != _HEADER:
-            raise _FileFault("database file is not a SQLite database", damaged=True)
+            self._fault.kind = Kind()
 
     @contextmanager
     def _watch(self, *, write: bool) -> Iterator[None]:
@@ -416,9 +319,9 @@ class SqliteStore(Store):
         try:
             yield
         except Exception as exc:
-            kind = _fault_kind(exc)
+            kind = fault_kind(exc)
             if kind is not None:
-                self._failed(_reason(exc), kind)
+                self._failed(fault_reason(exc), kind)
             raise
         if write and self._fault is not None:
             fault, self._fault = self._fault, None
@@ -428,7 +331,7 @@ class SqliteStore(Store):
                 self._path,
             )
 
-    def _failed(self, reason: str, kind: _Kind) -> None:
+    def _failed(self, reason: str, kind: Kind) -> None:
         now = time.monotonic()
         old = self._fault
         if old is None or old.reason != reason:
@@ -442,7 +345,7 @@ class SqliteStore(Store):
         if old is not None and old.kind.damaged:
             # Damage is forgotten only once a reopened file passed its check.
             kind = dataclasses.replace(kind, reconnect=True, damaged=True)
-        self._fault = _Fault(
+        self._fault = Fault(
             reason, kind, since=old.since if old else now, retry_at=now + self._retry_s
         )
         if kind.reconnect:
@@ -463,7 +366,7 @@ class SqliteStore(Store):
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[aiosqlite.Connection]:
-        with _translated(), self._watch(write=False):
+        with translated(), self._watch(write=False):
             self._gate(write=False)
             async with self._mutex:
                 yield await self._ready(write=False)
@@ -471,7 +374,7 @@ class SqliteStore(Store):
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
         """One write transaction: all of the body's statements, or none of them."""
-        with _translated(), self._watch(write=True):
+        with translated(), self._watch(write=True):
             self._gate(write=True)
             async with self._mutex:
                 db = await self._ready(write=True)
@@ -496,13 +399,7 @@ class SqliteStore(Store):
     async def check_writable(self) -> None:
         """A real write, after the checks a write cannot make: free space, the file."""
         if self._path != MEMORY and self._wanted:
-            try:
-                fs = os.statvfs(os.path.dirname(os.path.abspath(self._path)))
-            except OSError as exc:
-                raise StoreError(_reason(exc)) from None
-            free = fs.f_bavail * fs.f_frsize
-            if free < MIN_FREE_BYTES:
-                raise StoreError(f"disk nearly full: {free // 1024} KiB free")
+            check_free_space(self._path)
         async with self._write() as db:
             await db.execute(
                 "INSERT INTO heartbeat (id, at) VALUES (1, ?)"
