@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
@@ -37,6 +37,24 @@ class StoreError(Exception):
 
 class NotFound(StoreError):
     """The conversation or summary version asked for does not exist."""
+
+
+@contextmanager
+def translating(
+    foreign: tuple[type[BaseException], ...],
+    reason: Callable[[BaseException], str],
+    plain: tuple[type[BaseException], ...] = (),
+) -> Iterator[None]:
+    """A backend's error boundary: its driver and OS errors (`foreign`) become StoreError
+    with a short `reason`; its own errors (`plain`) keep their message; StoreError passes."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except plain as exc:
+        raise StoreError(str(exc)) from exc
+    except foreign as exc:
+        raise StoreError(reason(exc)) from exc
 
 
 @dataclass(frozen=True)

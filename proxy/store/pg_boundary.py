@@ -10,14 +10,13 @@ is re-escaped (its value is unchanged), free text has them replaced by U+FFFD.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
-from proxy.store.base import StoreError
+from proxy.store.base import translating
 from proxy.store.migrations import SchemaTooNew
 from proxy.store.pg_migrations import NoSchema
 
@@ -61,17 +60,9 @@ def reason(exc: BaseException) -> str:
 _FOREIGN = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, UnicodeError)
 
 
-@contextmanager
-def translated() -> Iterator[None]:
+def translated() -> AbstractContextManager[None]:
     """The one place where driver, server and socket errors become StoreError."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except (SchemaTooNew, NoSchema) as exc:
-        raise StoreError(str(exc)) from exc
-    except _FOREIGN as exc:
-        raise StoreError(reason(exc)) from exc
+    return translating(_FOREIGN, reason, plain=(SchemaTooNew, NoSchema))
 
 
 def json_text(text: str) -> str:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-from proxy.store.base import StoreError
+from proxy.store.base import StoreError, translating
 from proxy.store.migrations import SchemaTooNew
 
 # SQLite primary result codes (sqlite3.h) that mean "unavailable", not "a bug of ours".
@@ -92,17 +91,11 @@ def fault_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-@contextmanager
-def translated() -> Iterator[None]:
+def translated() -> AbstractContextManager[None]:
     """The one place where driver and OS errors become StoreError."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except SchemaTooNew as exc:
-        raise StoreError(str(exc)) from exc
-    except (sqlite3.Error, OSError, UnicodeError, FileFault) as exc:
-        raise StoreError(fault_reason(exc)) from exc
+    return translating(
+        (sqlite3.Error, OSError, UnicodeError, FileFault), fault_reason, plain=(SchemaTooNew,)
+    )
 
 
 def check_file(path: str, identity: tuple[int, int]) -> None:
