@@ -17,7 +17,7 @@ import json
 import random
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,19 @@ def post(
         f"{url}/chat/completions",
         json={"model": MODEL, "messages": messages, **body},
         headers={"x-conversation-id": key, **(headers or {})},
+        timeout=timeout,
+    )
+
+
+def stream(
+    url: str, messages: list[dict[str, Any]], key: str, *, timeout: float = 10
+) -> AbstractContextManager[httpx.Response]:
+    """`post`, streamed: the response is open while the `with` block reads it."""
+    return httpx.stream(
+        "POST",
+        f"{url}/chat/completions",
+        json={"model": MODEL, "messages": messages, "stream": True},
+        headers={"x-conversation-id": key},
         timeout=timeout,
     )
 

@@ -25,6 +25,7 @@ from tests.faults import (
     SummarizerFake,
     history,
     post,
+    stream,
     summaries_in,
     wait_until,
 )
@@ -107,14 +108,7 @@ def test_disconnect_during_compaction_cancels_the_summarizer_call(
     assert wait_until(lambda: fake.abandoned == 1), "the summarizer call was not cancelled"
     # Streaming: the client sees the progress comment, then hangs up mid-call.
     fake.arrived.clear()
-    body = {"model": MODEL, "messages": history(seed=1), "stream": True}
-    with httpx.stream(
-        "POST",
-        f"{proxy}/chat/completions",
-        json=body,
-        headers={"x-conversation-id": "gone-sse"},
-        timeout=10,
-    ) as r:
+    with stream(proxy, history(seed=1), "gone-sse") as r:
         assert r.status_code == 200
         # Held: dropping the iterator would close the connection (httpx) right here.
         lines = r.iter_lines()
@@ -167,14 +161,7 @@ def test_finished_compaction_survives_the_client_leaving(
     fake.fake.script([Reply(content=" ".join(["word"] * 400), chunk_delay_s=0.02)])
     proxy = start(url)
     messages = history()
-    body = {"model": MODEL, "messages": messages, "stream": True}
-    with httpx.stream(
-        "POST",
-        f"{proxy}/chat/completions",
-        json=body,
-        headers={"x-conversation-id": "kept"},
-        timeout=10,
-    ) as r:
+    with stream(proxy, messages, "kept") as r:
         lines = r.iter_lines()
         progress = [next(line for line in lines if line) for _ in range(3)]
         assert progress[:2] == [": recap compacting", ": recap compacted"]
