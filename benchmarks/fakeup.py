@@ -38,7 +38,7 @@ from benchmarks.metrics import Run, Step
 from benchmarks.sessions import Session
 from proxy.compaction.transcript import content_text
 from proxy.tokens import TokenCounter
-from tests.fakes import Answer, FakeUpstream, Recorded, Reply
+from tests.fakes import FakeUpstream, Recorded, Reply, ReplyOrAwaitable
 
 STEP_HEADER = "x-replay-step"
 FAKE_MS_HEADER = "x-replay-fake-ms"
@@ -180,7 +180,7 @@ class ReplayUpstream(FakeUpstream):
         candidates = self.by_last.get(message_key(messages[-1]), [])
         return candidates.pop(0) if candidates else None
 
-    def reply_to(self, request: Recorded, body: dict[str, Any]) -> Answer:
+    def reply_to(self, request: Recorded, body: dict[str, Any]) -> ReplyOrAwaitable:
         messages = body.get("messages") or []
         step = None if request.purpose == "summarize" else self._step(request.headers, messages)
         if step is None:

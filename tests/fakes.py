@@ -77,7 +77,7 @@ def extractive_summary(request_body: dict[str, Any]) -> str:
 
 
 # What `chat` and `summarize` answer: a reply, or (to relay a call) an awaitable of one.
-Answer = Reply | Awaitable[Reply]
+ReplyOrAwaitable = Reply | Awaitable[Reply]
 
 
 class FakeUpstream:
@@ -94,8 +94,8 @@ class FakeUpstream:
         self.record = record
         self.timing_header = timing_header
         self.lock = threading.Lock()
-        self.chat: Callable[[dict[str, Any]], Answer] = lambda body: Reply()
-        self.summarize: Callable[[dict[str, Any]], Answer] = lambda body: Reply(
+        self.chat: Callable[[dict[str, Any]], ReplyOrAwaitable] = lambda body: Reply()
+        self.summarize: Callable[[dict[str, Any]], ReplyOrAwaitable] = lambda body: Reply(
             content=extractive_summary(body)
         )
         self.streams_open = 0
@@ -110,7 +110,7 @@ class FakeUpstream:
             ]
         )
 
-    def reply_to(self, request: Recorded, body: dict[str, Any]) -> Answer:
+    def reply_to(self, request: Recorded, body: dict[str, Any]) -> ReplyOrAwaitable:
         """The reply to one chat call: `summarize` for the proxy's summaries, else `chat`."""
         return (self.summarize if request.purpose == "summarize" else self.chat)(body)
 
