@@ -11,7 +11,7 @@ from proxy.compaction.transcript import render_transcript
 from proxy.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
 
 SCENES_DIR = Path(__file__).resolve().parent.parent / "scenes"
-DATA = Path("/work/shared/data/taubench-airline-dev.jsonl")
+DATA = Path(__file__).resolve().parent / "data" / "taubench-airline-dev.jsonl"
 
 SESSION_SECTIONS = [
     "User Goal",
