@@ -472,7 +472,6 @@ def recap_config(upstream: str, store: str, workdir: Path) -> Path:
     url = f"sqlite:///{workdir / 'recap.db'}" if store == "sqlite" else store
     data = {
         "store": url,
-        "scenes_dir": str(REPO / "scenes"),
         "tenants": {
             "default": {"api_keys": [], "upstream": {"base_url": upstream + "/v1", "timeout_s": 30}}
         },

@@ -177,7 +177,6 @@ def recap_config(
         tenant[key] = {**tenant.get(key, {}), **value}
     data = {
         "store": f"sqlite:///{workdir / (name + '.db')}",
-        "scenes_dir": str(REPO / "scenes"),
         "models": {model_for(w): {"context_window": w} for w in sorted(set(windows))},
         "tenants": {"default": tenant},
     }

@@ -129,7 +129,6 @@ def recap_config(upstream: str, workdir: Path, window: int) -> Path:
     """One open tenant; a small window so that every layer fires within a few turns."""
     data = {
         "store": f"sqlite:///{workdir / 'recap.db'}",
-        "scenes_dir": str(REPO / "scenes"),
         "models": {MODEL: {"context_window": window}},
         "tenants": {
             "default": {

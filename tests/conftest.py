@@ -86,7 +86,6 @@ def logs() -> Iterator[LogCapture]:
 def make_config(upstream_url: str, tmp_path: Path, **overrides: Any) -> Config:
     data: dict[str, Any] = {
         "store": f"sqlite:///{tmp_path / 'recap.db'}",
-        "scenes_dir": str(REPO / "scenes"),
         "tenants": {
             "default": {
                 "api_keys": [],

@@ -27,7 +27,6 @@ def test_serve_subprocess_forwards_and_logs(
         yaml.safe_dump(
             {
                 "store": "sqlite:///./state/recap.db",
-                "scenes_dir": str(REPO / "scenes"),
                 "tenants": {"default": {"upstream": {"base_url": "${UP}/v1"}}},
             }
         )

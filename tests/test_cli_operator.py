@@ -21,7 +21,6 @@ from proxy.config import load_config
 from proxy.store import open_store
 from proxy.store.base import ConversationRef, NewSummary
 from proxy.tail import tail
-from tests.conftest import REPO
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import serve
 from tests.trajectories import DATA, chained, model_calls, sessions
@@ -36,7 +35,6 @@ def write_config(tmp_path: Path, upstream_url: str, **extra: Any) -> Path:
         yaml.safe_dump(
             {
                 "store": "sqlite:///./recap.db",
-                "scenes_dir": str(REPO / "scenes"),
                 "tenants": {
                     name: {
                         "api_keys": [f"key-{name}"],
