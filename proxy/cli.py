@@ -51,8 +51,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
+    from proxy.ansi import Style
     from proxy.logs import wants_colour
-    from proxy.tail import Style, tail
+    from proxy.tail import tail
 
     colour = {"always": True, "never": False}.get(args.color, wants_colour(sys.stdout))
     stream = sys.stdin if args.file in (None, "-") else open(args.file, encoding="utf-8")  # noqa: SIM115

@@ -21,8 +21,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
+from proxy.ansi import Style
 from proxy.relay import Message, Receive, Scope, Send
-from proxy.tail import Style, render
+from proxy.tail import render
 
 access_log = logging.getLogger("recap.access")
 

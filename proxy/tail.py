@@ -16,9 +16,10 @@ import json
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
+
+from proxy.ansi import Style
 
 
 class F:
@@ -108,34 +109,6 @@ def words(value: Any) -> str:
     """A code (or a message holding codes) in words; unknown codes lose their underscores."""
     text = str(value)
     return _CODE.sub(lambda m: WORDS.get(m.group(0), m.group(0).replace("_", " ")), text)
-
-
-@dataclass(frozen=True)
-class Style:
-    """ANSI colours, or none (the default, and whenever the output is not a terminal)."""
-
-    colour: bool = False
-
-    def _sgr(self, code: str, text: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.colour and text else text
-
-    def dim(self, text: str) -> str:
-        return self._sgr("2", text)
-
-    def bold(self, text: str) -> str:
-        return self._sgr("1", text)
-
-    def good(self, text: str) -> str:
-        return self._sgr("32", text)
-
-    def warn(self, text: str) -> str:
-        return self._sgr("33", text)
-
-    def bad(self, text: str) -> str:
-        return self._sgr("31", text)
-
-    def note(self, text: str) -> str:
-        return self._sgr("36", text)
 
 
 PLAIN = Style()
