@@ -367,7 +367,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.replay", description=__doc__.split("\n")[0] if __doc__ else None
     )
-    p.add_argument("--data", default=str(TAUBENCH), help="τ-bench JSONL (default: shared data)")
+    p.add_argument("--data", default=str(TAUBENCH), help="τ-bench JSONL (default: tests/data)")
     p.add_argument("--window", type=int, default=16000, help="window of chained/generated sessions")
     p.add_argument("--single-window", type=int, default=8000, help="window of single sessions")
     p.add_argument("--singles", type=int, default=100, help="τ-bench sessions alone (default 100)")

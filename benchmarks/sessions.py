@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-TAUBENCH = REPO.parent / "shared" / "data" / "taubench-airline-dev.jsonl"
+TAUBENCH = REPO / "tests" / "data" / "taubench-airline-dev.jsonl"
 # Gold actions that only read: their arguments are not facts a later write depends on.
 READ_PREFIXES = ("get_", "search_", "list_", "calculate")
 

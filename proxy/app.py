@@ -41,7 +41,7 @@ def load_scenes(config: Config) -> dict[str, SceneSet]:
     """Every tenant's scenes, loaded and validated: a bad scene fails the start, not a request."""
     scenes = {
         name: SceneSet(
-            config.resolve_path(config.scenes_dir),
+            config.resolve_path(config.scenes_dir) if config.scenes_dir else None,
             {k: str(config.resolve_path(v)) for k, v in t.scenes.items()},
         )
         for name, t in config.tenants.items()

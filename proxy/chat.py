@@ -116,6 +116,7 @@ class ChatCompletions:
                 )
                 fields.update(
                     conversation=conv.key,
+                    model=model,
                     classification=exchange.classification.value,
                     messages=len(body["messages"]),
                 )

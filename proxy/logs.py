@@ -3,86 +3,77 @@
 The middleware is pure ASGI (Starlette's BaseHTTPMiddleware would hide client
 disconnects from the handlers). Handlers add fields to `scope["state"]["log"]`;
 the middleware adds status, timings and the request id, then writes one line.
-Never log keys or message content: only the fields named in `ACCESS_FIELDS` and
-the handlers' counters.
+Never log keys or message content: only what the handlers and stages record
+(ids, counts, timings, reasons). JSON lines carry ISO-8601 timestamps and leave out
+fields without a value; text lines are rendered by `tail.render`, as `recap tail`
+prints them. The server's lifecycle lines (started, stopping, stopped) are in
+`lifecycle.py`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
+from proxy.ansi import Style
 from proxy.relay import Message, Receive, Scope, Send
+from proxy.tail import render
 
 access_log = logging.getLogger("recap.access")
 
 QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
-# Order of the fields in text lines (anything else follows, sorted).
-ACCESS_FIELDS = (
-    "request_id",
-    "method",
-    "path",
-    "status",
-    "tenant",
-    "conversation",
-    "classification",
-    "messages",
-    "input_tokens",
-    "upstream_status",
-    "ttfb_ms",
-    "total_ms",
-    "overhead_ms",
-)
+
+def iso_time(created: float) -> str:
+    """ISO-8601 in UTC with milliseconds: what log stores parse and people read."""
+    stamp = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def as_record(record: logging.LogRecord) -> dict[str, Any]:
+    """One log record as the JSON object it is written as. Fields without a value
+    (None) are left out, so a line carries only what happened."""
+    out: dict[str, Any] = {
+        "ts": iso_time(record.created),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+    }
+    fields = getattr(record, "fields", None)
+    if fields:
+        out.update((k, v) for k, v in fields.items() if v is not None)
+    else:
+        out["msg"] = record.getMessage()
+        rid = getattr(record, "request_id", None)
+        if rid:
+            out["request_id"] = rid
+    return out
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
-        fields = getattr(record, "fields", None)
-        if fields:
-            out.update(fields)
-        else:
-            out["msg"] = record.getMessage()
-            rid = getattr(record, "request_id", None)
-            if rid:
-                out["request_id"] = rid
-        return json.dumps(out, ensure_ascii=False, default=str)
+        return json.dumps(as_record(record), ensure_ascii=False, default=str)
 
 
 class TextFormatter(logging.Formatter):
+    """The lines `recap tail` prints, straight from the server (on a terminal)."""
+
+    def __init__(self, colour: bool = False) -> None:
+        super().__init__()
+        self.style = Style(colour)
+
     def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        fields = getattr(record, "fields", None)
-        if fields:
-            return f"{stamp} {record.levelname.lower():5} {format_fields(fields)}"
-        rid = getattr(record, "request_id", None)
-        suffix = f" request_id={rid}" if rid else ""
-        return f"{stamp} {record.levelname.lower():5} {record.name}: {record.getMessage()}{suffix}"
+        return render(as_record(record), self.style)
 
 
-def format_fields(fields: dict[str, Any]) -> str:
-    keys = [k for k in ACCESS_FIELDS if k in fields] + sorted(
-        k for k in fields if k not in ACCESS_FIELDS
-    )
-    return " ".join(f"{k}={_text(fields[k])}" for k in keys if fields[k] is not None)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    s = str(value)
-    return json.dumps(s) if (" " in s or s == "") else s
+def wants_colour(stream: TextIO) -> bool:
+    """Colours only on a terminal, and never with NO_COLOR set (no-color.org)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
 def configure_logging(
@@ -93,11 +84,19 @@ def configure_logging(
     if fmt is None:
         fmt = "text" if stream.isatty() else "json"
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else TextFormatter(colour=wants_colour(stream))
+    )
     root = logging.getLogger("recap")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+    # uvicorn's own errors (a port in use, a failed start) in the same format; its info
+    # lines ("Uvicorn running on ...") are replaced by the start-up line.
+    server = logging.getLogger("uvicorn.error")
+    server.handlers[:] = [handler]
+    server.setLevel(logging.WARNING)
+    server.propagate = False
 
 
 def log_fields(scope: Scope) -> dict[str, Any]:

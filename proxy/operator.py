@@ -197,11 +197,12 @@ async def _compact(request: Request, state: AppState, fields: dict[str, Any]) ->
         result = await compact_now(
             state.store, stage, state.config, tenant, conv, caller.authorization
         )
-    except CompactionFailed:
-        fields.update(manual_compaction="failed", manual_compaction_ms=took())
-        raise
-    except Conflict:
-        fields["manual_compaction"] = "skipped"
+    except (CompactionFailed, Conflict) as exc:
+        fields.update(
+            manual_compaction="failed" if isinstance(exc, CompactionFailed) else "skipped",
+            manual_compaction_ms=took(),
+            manual_compaction_reason=exc.message,
+        )
         raise
     fields.update(manual_compaction="ok", manual_compaction_ms=took())
     return JSONResponse(

@@ -218,12 +218,31 @@ def cmd_compact(config: Config, args: argparse.Namespace) -> int:
     return run(config, work)
 
 
+def idle_days(text: str) -> float:
+    """--older-than-days: a number of days, more than 0. Zero is refused, not read as "keep
+    forever" (the config's meaning) nor as "everything": it would also delete the
+    conversations in use, whose archived messages a running server believes are on disk."""
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+    if not days > 0 or days == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 days, got {text!r} (0 would delete every conversation, "
+            "even those in use; 0.04 days is about an hour)"
+        )
+    return days
+
+
 def cmd_prune(config: Config, args: argparse.Namespace) -> int:
     from proxy.retention import prune
 
     days = config.archive.retention_days if args.older_than_days is None else args.older_than_days
     if days <= 0:
-        print("recap: retention is 0 days (keep forever): nothing to prune")
+        print(
+            "recap: archive.retention_days is 0 (keep forever): nothing pruned; "
+            "--older-than-days N prunes conversations idle for N days"
+        )
         return 0
 
     async def work(store: Store) -> int:
@@ -290,7 +309,11 @@ def add_commands(
 
     p = command("prune", "delete conversations idle past archive.retention_days", cmd_prune)
     p.add_argument(
-        "--older-than-days", type=float, help="override archive.retention_days for this run"
+        "--older-than-days",
+        type=idle_days,
+        metavar="N",
+        help="prune conversations idle for over N days (more than 0; fractions allowed), "
+        "instead of archive.retention_days",
     )
 
     p = sub.add_parser(

@@ -5,6 +5,10 @@ Sits beside the summarizer in the data path: at start-up the app builds a
 first compaction); at compaction time the summarizer calls `render` with the
 transcript and friends and sends the resulting (system, user) pair upstream.
 
+The default scenes ship inside the package (`proxy/scenes_default/<kind>.yaml`,
+package data), so a wheel installed anywhere starts with a config in any directory;
+a config's `scenes_dir` replaces them, a tenant's `scenes` replaces one kind.
+
 A scene file is YAML with the keys in `_KEYS`. Templates use `{{variable}}`
 placeholders plus two section forms, `{{#v}}...{{/v}}` (kept when v is
 non-blank) and `{{^v}}...{{/v}}` (kept when v is blank). A section tag alone on
@@ -18,6 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -176,13 +182,19 @@ def _check_string(data: Mapping[str, Any], key: str, where: str, *, empty_ok: bo
     return raw
 
 
-def load_scene(path: Path, kind: str) -> Scene:
+def packaged_scenes() -> Traversable:
+    """The directory of default scenes inside the installed package."""
+    return files("proxy") / "scenes_default"
+
+
+def load_scene(path: str | Path | Traversable, kind: str) -> Scene:
     """Read and validate one scene file as `kind`; every problem names the file and key."""
     where = str(path)
     if kind not in KINDS:
         raise SceneError(f"{where}: unknown scene kind {kind!r} (known: {', '.join(KINDS)})")
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        source = Path(path) if isinstance(path, str) else path
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
     except OSError as e:
         raise SceneError(f"cannot read scene {where}: {e.strerror}") from None
     except yaml.YAMLError as e:
@@ -263,18 +275,22 @@ class SceneSet:
 
     `directory/<kind>.yaml` supplies each kind unless `overrides` maps the kind to
     another file (a tenant's own prompt); an override is validated as that kind.
+    Without a directory, the packaged defaults supply every kind not overridden.
     """
 
-    def __init__(self, directory: str | Path, overrides: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, directory: str | Path | None = None, overrides: Mapping[str, str] | None = None
+    ) -> None:
         overrides = overrides or {}
         unknown = sorted(set(overrides) - set(KINDS))
         if unknown:
             raise SceneError(
                 f"scene override for unknown scene {', '.join(unknown)} (known: {', '.join(KINDS)})"
             )
+        folder = packaged_scenes() if directory is None else Path(directory)
         self._scenes: dict[str, Scene] = {}
         for kind in KINDS:
-            path = Path(overrides[kind]) if kind in overrides else Path(directory) / f"{kind}.yaml"
+            path = Path(overrides[kind]) if kind in overrides else folder / f"{kind}.yaml"
             self._scenes[kind] = load_scene(path, kind)
 
     def get(self, name: str) -> Scene:

@@ -1,69 +1,394 @@
-"""`recap tail`: follow Recap's JSON log lines and print them readably.
+"""`recap tail`: Recap's JSON log lines, one readable line per request.
 
-Reads a file or stdin line by line; lines that are not Recap JSON are printed as
-they are, so it can sit behind any log shipper. A request that compacted (or tried
-to) gets one indented line per layer under its access line, so compactions stand out.
+At the reading end of the log: the server writes one JSON line per request
+(`logs.py`); `recap tail FILE` (or a pipe from any log shipper) prints each as one
+short line, with one indented line per compaction under it, and the server's own
+text format on a terminal uses the same `render`. Lines that are not Recap JSON are
+printed as they are. Everything here is pure except `tail`, the read loop.
+
+Fields are read defensively: a field that is missing (an older or newer log) is
+simply not shown. The field names live in `F`, so a renamed field is one edit.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, TextIO
 
-from proxy.logs import format_fields
-
-NOTE = "         \u21b3 "  # under the time and level columns
+from proxy.ansi import Style
 
 
-def compaction_notes(f: dict[str, Any]) -> list[str]:
-    """Readable lines for the compaction fields of one access line (none if it had none)."""
-    notes: list[str] = []
-    trigger = f.get("session_trigger")
-    if f.get("session_failure"):
-        notes.append(f"session compaction FAILED ({trigger}): {f['session_failure']}")
-    elif trigger is not None:
-        notes.append(
-            f"session compacted ({trigger}): {f.get('compacted_messages', '?')} messages"
-            f" in {f.get('session_batches', '?')} batch(es), summary v{f.get('summary_version')}"
-            f", {f.get('compaction_ms', '?')} ms"
+class F:
+    """The JSON field names read here, with what each means."""
+
+    ts = "ts"  # ISO-8601 (or, in older logs, epoch seconds)
+    level = "level"
+    logger = "logger"
+    msg = "msg"
+    event = "event"  # lifecycle lines (started, stopping, stopped): `msg` says it all
+    request_id = "request_id"
+    method = "method"
+    path = "path"
+    status = "status"
+    tenant = "tenant"
+    conversation = "conversation"
+    model = "model"
+    tokens_after = "input_tokens"  # what was sent upstream
+    tokens_before = "tokens_before"  # what the client sent (only when Recap changed it)
+    layers = "layers"  # the layers that ran, when the log names them (else inferred)
+    overhead_ms = "overhead_ms"
+    total_ms = "total_ms"
+    upstream_status = "upstream_status"
+    error = "error"
+    passthrough_reason = "passthrough_reason"
+    client_disconnected = "client_disconnected"
+    summary_version = "summary_version"
+    session_trigger = "session_trigger"
+    session_failure = "session_failure"
+    session_skip = "session_skip"
+    session_reused = "session_reused"
+    session_batches = "session_batches"
+    session_messages = "compacted_messages"
+    session_ms = "compaction_ms"
+    session_tokens_before = "session_tokens_before"
+    session_tokens_after = "session_tokens_after"
+    loop_trigger = "loop_trigger"
+    loop_failure = "loop_failure"
+    loop_skip = "loop_skip"
+    loop_rounds = "loop_rounds_compacted"
+    loop_rounds_in_memory = "loop_rounds_summarised"
+    loop_ms = "loop_compaction_ms"
+    loop_tokens_before = "loop_tokens_before"
+    loop_tokens_after = "loop_tokens_after"
+    trimmed_results = "trimmed_results"
+    trimmed_chars = "trimmed_chars_saved"
+    shortened_messages = "shortened_messages"
+    dropped_messages = "dropped_messages"
+    manual = "manual_compaction"
+    manual_ms = "manual_compaction_ms"
+    manual_reason = "manual_compaction_reason"
+
+
+# Codes in the log, in words.
+WORDS: Mapping[str, str] = {
+    # triggers
+    "context_ratio": "context near full",
+    "min_new_tokens": "enough new history",
+    "forced": "asked for",
+    "tool_rounds": "many tool rounds",
+    "tokens": "tool loop too large",
+    # why a compaction did not run
+    "disabled": "disabled",
+    "nothing_to_compact": "nothing to compact",
+    "below_threshold": "below the trigger",
+    "too_few_messages": "too few messages",
+    "anti_loop": "too little new since the last summary",
+    "saving_below_min": "it would save too little",
+    "circuit_open": "the summarizer failed repeatedly (cooling down)",
+    "archive_failed": "the archive could not be written",
+    # errors
+    "upstream_unreachable": "upstream unreachable",
+    "upstream_timeout": "upstream timed out",
+    "request_too_large": "request too large",
+    "invalid_api_key": "invalid proxy key",
+    "store_unavailable": "store unavailable",
+    "compaction_failed": "compaction failed",
+    "conflict": "conflict",
+    "not_found": "not found",
+}
+# Skips worth a line: the others are the normal state of a conversation between compactions.
+NOTABLE_SKIPS = frozenset({"circuit_open", "archive_failed"})
+_CODE = re.compile(r"\b[a-z]+(?:_[a-z]+)+\b")
+
+
+def words(value: Any) -> str:
+    """A code (or a message holding codes) in words; unknown codes lose their underscores."""
+    text = str(value)
+    return _CODE.sub(lambda m: WORDS.get(m.group(0), m.group(0).replace("_", " ")), text)
+
+
+PLAIN = Style()
+INDENT = " " * 9 + "\u21b3 "  # under the time column
+WHERE_WIDTH = 30
+MODEL_WIDTH = 14
+TOKENS_WIDTH = 22
+LAYERS_WIDTH = 12
+
+
+def clock(value: Any) -> str:
+    """HH:MM:SS in local time from an ISO-8601 string or epoch seconds; "--:--:--" if neither."""
+    try:
+        if isinstance(value, str):
+            return datetime.fromisoformat(value).astimezone().strftime("%H:%M:%S")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return time.strftime("%H:%M:%S", time.localtime(value))
+    except (ValueError, OverflowError, OSError):
+        pass
+    return "--:--:--"
+
+
+def _num(value: Any) -> int | float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def _tokens(n: Any) -> str:
+    v = _num(n)
+    return "?" if v is None else f"{int(v):,}"
+
+
+def _ms(value: Any) -> str:
+    v = _num(value)
+    if v is None:
+        return ""
+    return f"{v:.1f} ms" if v < 100 else f"{v:,.0f} ms"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def _change(before: Any, after: Any) -> str:
+    """'9,767 → 3,340 tok −66%', or '3,340 tok' when nothing changed."""
+    b, a = _num(before), _num(after)
+    if a is None:
+        return ""
+    if b is None or b == a:
+        return f"{_tokens(a)} tok"
+    share = f" {round((a - b) * 100 / b):+d}%".replace("-", "\u2212") if b else ""
+    return f"{_tokens(b)} \u2192 {_tokens(a)} tok{share}"
+
+
+def layers(f: Mapping[str, Any]) -> list[str]:
+    """The layers that ran on this request: the log's list, or read from the fields."""
+    named = f.get(F.layers)
+    if isinstance(named, list):
+        return [str(x) for x in named]
+    if isinstance(named, str):
+        return [x for x in named.split(",") if x]
+    out = []
+    if f.get(F.session_trigger) and not f.get(F.session_failure) and f.get(F.session_messages):
+        out.append("session")
+    if f.get(F.loop_trigger) and not f.get(F.loop_failure):
+        out.append("loop")
+    if f.get(F.trimmed_results) or f.get(F.shortened_messages):
+        out.append("trim")
+    if f.get(F.dropped_messages):
+        out.append("fit_to_window")
+    return out
+
+
+def _shaped_by(f: Mapping[str, Any], ran: list[str]) -> str:
+    """What shaped the history sent: new work and what was reused, shortly."""
+    parts: list[str] = []
+    version = f.get(F.summary_version)
+    if "session" in ran:
+        parts.append(f"session v{version}" if version is not None else "session")
+    elif version is not None:
+        parts.append(f"summary v{version}")
+    if "loop" in ran:
+        parts.append("loop")
+    elif f.get(F.loop_rounds_in_memory):
+        parts.append("loop memory")
+    parts += [{"fit_to_window": "fit"}.get(x, x) for x in ran if x not in ("session", "loop")]
+    if f.get(F.session_failure) or f.get(F.loop_failure):
+        parts.append("FAILED")
+    return "+".join(parts)
+
+
+def _problem(f: Mapping[str, Any], status: int | None) -> str:
+    if f.get(F.manual):
+        return ""  # its own line says what happened
+    if f.get(F.client_disconnected):
+        return "client went away"
+    if f.get(F.error):
+        return words(f[F.error])
+    upstream = _num(f.get(F.upstream_status))
+    if upstream is not None and upstream >= 400:
+        return f"upstream answered {int(upstream)}"
+    if status is not None and status >= 400:
+        return "error"
+    return ""
+
+
+def request_line(f: Mapping[str, Any], style: Style = PLAIN) -> str:
+    """One line for one request: time, status, tenant/conversation, model or path, tokens
+    before → after, layers, overhead."""
+    status = _num(f.get(F.status))
+    code = str(int(status)) if status is not None else "---"
+    if status is None or status >= 500:
+        code = style.bad(code)
+    elif status >= 400:
+        code = style.warn(code)
+    else:
+        code = style.good(code)
+    tenant = str(f.get(F.tenant) or "-")
+    conversation = f.get(F.conversation)
+    where = tenant if conversation is None else f"{tenant}/{conversation}"
+    cells = [style.dim(clock(f.get(F.ts))), code, f"{_clip(where, WHERE_WIDTH):<{WHERE_WIDTH}}"]
+    path = str(f.get(F.path) or "")
+    if path == "/v1/chat/completions" or f.get(F.model) is not None:
+        cells.append(f"{_clip(str(f.get(F.model) or '-'), MODEL_WIDTH):<{MODEL_WIDTH}}")
+    else:
+        cells.append(_clip(f"{f.get(F.method) or ''} {path}".strip(), 48))
+    change = _change(f.get(F.tokens_before), f.get(F.tokens_after))
+    if change:
+        cells.append(f"{change:>{TOKENS_WIDTH}}")
+    shaped = _shaped_by(f, layers(f)) or ("-" if change else "")
+    if shaped:
+        cell = f"{shaped:<{LAYERS_WIDTH}}"
+        cells.append(style.note(cell) if "FAILED" not in shaped else style.bad(cell))
+    timing = [
+        f"overhead {_ms(f.get(F.overhead_ms))}" if _ms(f.get(F.overhead_ms)) else "",
+        f"total {_ms(f.get(F.total_ms))}" if _ms(f.get(F.total_ms)) else "",
+    ]
+    if any(timing):
+        cells.append(style.dim(", ".join(t for t in timing if t)))
+    problem = _problem(f, int(status) if status is not None else None)
+    if problem:
+        cells.append(style.bad(f"\u2014 {problem}"))
+    return " ".join(c for c in cells if c).rstrip()
+
+
+def _layer_tokens(f: Mapping[str, Any], layer: str, before: str, after: str) -> str:
+    """This layer's tokens before → after: its own fields, or the request's when it is the
+    only layer that changed the history."""
+    if f.get(before) is not None:
+        return _change(f.get(before), f.get(after))
+    # A stored session summary also changes the history a loop compaction works on.
+    alone = layers(f) == [layer] and (layer == "session" or f.get(F.summary_version) is None)
+    return _change(f.get(F.tokens_before), f.get(F.tokens_after)) if alone else ""
+
+
+def compaction_lines(f: Mapping[str, Any], style: Style = PLAIN) -> list[str]:
+    """One indented line per compaction (or failed or notable skipped one) of a request."""
+    out: list[str] = []
+
+    def add(layer: str, *parts: str, bad: bool = False) -> None:
+        text = f"{layer:<8} " + ", ".join(p for p in parts if p)
+        out.append(style.dim(INDENT) + (style.bad(text) if bad else text))
+
+    trigger = f.get(F.session_trigger)
+    if f.get(F.session_failure):
+        add(
+            "session",
+            f"FAILED ({words(trigger)})" if trigger else "FAILED",
+            words(f[F.session_failure]),
+            _ms(f.get(F.session_ms)),
+            "sent as it came",
+            bad=True,
         )
-    if f.get("loop_failure"):
-        notes.append(f"loop compaction FAILED: {f['loop_failure']}")
-    elif f.get("loop_trigger") is not None:
-        notes.append(
-            f"loop compacted ({f['loop_trigger']}): {f.get('loop_rounds_compacted', '?')}"
-            f" more tool rounds, {f.get('loop_rounds_summarised', '?')} summarised"
+    elif trigger and f.get(F.session_messages):
+        batches = _num(f.get(F.session_batches))
+        version = f.get(F.summary_version)
+        add(
+            "session",
+            f"{words(trigger)}: {_tokens(f[F.session_messages])} messages"
+            + (f" in {int(batches)} batches" if batches and batches > 1 else "")
+            + (f" \u2192 summary v{version}" if version is not None else ""),
+            _layer_tokens(f, "session", F.session_tokens_before, F.session_tokens_after),
+            _ms(f.get(F.session_ms)),
         )
-    if f.get("trimmed_results"):
-        notes.append(
-            f"trimmed {f['trimmed_results']} tool result(s),"
-            f" {f.get('trimmed_chars_saved', '?')} chars saved"
+    elif f.get(F.session_reused):
+        add("session", "reused the summary another request had just written")
+    elif f.get(F.session_skip) in NOTABLE_SKIPS:
+        add("session", f"skipped: {words(f[F.session_skip])}", bad=True)
+
+    loop_trigger = f.get(F.loop_trigger)
+    if f.get(F.loop_failure):
+        add(
+            "loop",
+            "FAILED",
+            words(f[F.loop_failure]),
+            _ms(f.get(F.loop_ms)),
+            "sent as it came",
+            bad=True,
         )
-    if f.get("dropped_messages"):
-        notes.append(f"dropped {f['dropped_messages']} oldest message(s) to fit the window")
-    if f.get("manual_compaction"):
-        notes.append(
-            f"manual compaction {f['manual_compaction']}, {f.get('manual_compaction_ms', '?')} ms"
+    elif loop_trigger:
+        rounds = _num(f.get(F.loop_rounds))
+        memory = _num(f.get(F.loop_rounds_in_memory))
+        add(
+            "loop",
+            f"{words(loop_trigger)}: "
+            + (f"{int(rounds)} tool rounds folded" if rounds is not None else "")
+            + (f" ({int(memory)} in working memory)" if memory is not None else ""),
+            _layer_tokens(f, "loop", F.loop_tokens_before, F.loop_tokens_after),
+            _ms(f.get(F.loop_ms)),
         )
-    if notes and f.get("tokens_before") is not None:
-        notes.append(f"tokens {f['tokens_before']} -> {f.get('input_tokens')}")
-    return [NOTE + n for n in notes]
+    elif f.get(F.loop_skip) in NOTABLE_SKIPS:
+        add("loop", f"skipped: {words(f[F.loop_skip])}", bad=True)
+
+    trimmed, shortened = _num(f.get(F.trimmed_results)), _num(f.get(F.shortened_messages))
+    if trimmed or shortened:
+        chars = _num(f.get(F.trimmed_chars))
+        add(
+            "trim",
+            f"{int(trimmed)} tool results trimmed" if trimmed else "",
+            f"{int(shortened)} old messages shortened" if shortened else "",
+            f"{int(chars):,} chars saved" if chars else "",
+        )
+    dropped = _num(f.get(F.dropped_messages))
+    if dropped:
+        add("fit", f"dropped the {int(dropped)} oldest messages to fit the window")
+
+    manual = f.get(F.manual)
+    if manual:
+        outcome = {"ok": "compacted", "skipped": "skipped", "failed": "FAILED"}.get(
+            str(manual), str(manual)
+        )
+        reason = f.get(F.manual_reason)
+        if reason:
+            # The API's message ("Nothing was compacted: below_threshold.") without its opening.
+            text = re.sub(r"^(Nothing was compacted|Compaction failed):\s*", "", str(reason))
+            outcome += f": {words(text).rstrip('.')}"
+        add("manual", outcome, _ms(f.get(F.manual_ms)), bad=manual == "failed")
+    return out
 
 
-def render(record: dict[str, Any]) -> str:
-    stamp = time.strftime("%H:%M:%S", time.localtime(float(record.get("ts", 0) or 0)))
-    level = str(record.get("level", "info"))
-    fields = {k: v for k, v in record.items() if k not in ("ts", "level", "logger")}
-    if record.get("logger") == "recap.access":
-        fields.pop("msg", None)
-        return "\n".join([f"{stamp} {level:5} {format_fields(fields)}", *compaction_notes(fields)])
-    msg = fields.pop("msg", "")
-    rest = format_fields(fields)
-    return f"{stamp} {level:5} {record.get('logger', '')}: {msg}" + (f" {rest}" if rest else "")
+def render(record: Mapping[str, Any], style: Style = PLAIN) -> str:
+    """A log record (a parsed JSON line) as text: a request line with its compactions, a
+    lifecycle line, or `time level logger: msg key=value...` for anything else."""
+    if record.get(F.logger) == "recap.access":
+        return "\n".join([request_line(record, style), *compaction_lines(record, style)])
+    stamp = style.dim(clock(record.get(F.ts)))
+    level = str(record.get(F.level, "info"))
+    shown = {"warning": style.warn("warn "), "error": style.bad("error")}.get(level, f"{level:5}")
+    msg = str(record.get(F.msg, ""))
+    if record.get(F.event):
+        return f"{stamp} {shown} {style.bold(msg)}"
+    rest = " ".join(
+        f"{k}={_value(v)}"
+        for k, v in record.items()
+        if k not in (F.ts, F.level, F.logger, F.msg) and v is not None
+    )
+    return f"{stamp} {shown} {record.get(F.logger, '')}: {msg}" + (f" {rest}" if rest else "")
 
 
-def tail(src: TextIO, out: TextIO, conversation: str | None = None, follow: bool = False) -> None:
+def _value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    s = str(value)
+    return json.dumps(s, ensure_ascii=False) if (" " in s or s == "") else s
+
+
+def tail(
+    src: TextIO,
+    out: TextIO,
+    conversation: str | None = None,
+    follow: bool = False,
+    *,
+    tenant: str | None = None,
+    raw: bool = False,
+    style: Style = PLAIN,
+) -> None:
+    """Print each line of `src` readably (or, with `raw`, as it is) until its end; with
+    `follow`, keep waiting for more. The filters keep only the lines naming them."""
+    filtered = conversation is not None or tenant is not None
     while True:
         line = src.readline()
         if not line:
@@ -77,9 +402,11 @@ def tail(src: TextIO, out: TextIO, conversation: str | None = None, follow: bool
         except ValueError:
             record = None
         if not isinstance(record, dict):
-            if conversation is None:
+            if not filtered:
                 print(line, file=out, flush=True)
             continue
-        if conversation is not None and record.get("conversation") != conversation:
+        if conversation is not None and record.get(F.conversation) != conversation:
             continue
-        print(render(record), file=out, flush=True)
+        if tenant is not None and record.get(F.tenant) != tenant:
+            continue
+        print(line if raw else render(record, style), file=out, flush=True)

@@ -21,7 +21,7 @@ from tests.faults import SummarizerFake, compacting_config
 from tests.servers import serve
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data" / "taubench-airline-dev.jsonl"
+DATA = REPO / "tests" / "data" / "taubench-airline-dev.jsonl"
 
 
 def load_sessions() -> list[dict[str, Any]]:
@@ -31,8 +31,7 @@ def load_sessions() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def taubench() -> list[dict[str, Any]]:
-    if not DATA.exists():
-        pytest.skip(f"trajectory data not found at {DATA}")
+    # No skip when the file is missing: it ships in tests/data, so missing means a broken checkout.
     return load_sessions()
 
 
@@ -87,7 +86,6 @@ def logs() -> Iterator[LogCapture]:
 def make_config(upstream_url: str, tmp_path: Path, **overrides: Any) -> Config:
     data: dict[str, Any] = {
         "store": f"sqlite:///{tmp_path / 'recap.db'}",
-        "scenes_dir": str(REPO / "scenes"),
         "tenants": {
             "default": {
                 "api_keys": [],

@@ -28,8 +28,6 @@ from proxy.config import Config, parse_config
 from tests.fakes import FakeUpstream, extractive_summary
 from tests.servers import read_body
 
-# The repository's scenes (not tests.conftest.REPO: conftest imports this module).
-SCENES = Path(__file__).resolve().parent.parent / "scenes"
 WINDOW = 12000
 MODEL = "small"
 # A valid summarizer answer.
@@ -132,7 +130,6 @@ def compacting_data(
     }
     return {
         "store": f"sqlite:///{tmp_path / 'recap.db'}",
-        "scenes_dir": str(SCENES),
         "models": {MODEL: {"context_window": WINDOW}},
         "tenants": tenants or {"default": tenant},
         **top,

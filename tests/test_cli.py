@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -27,7 +28,6 @@ def test_serve_subprocess_forwards_and_logs(
         yaml.safe_dump(
             {
                 "store": "sqlite:///./state/recap.db",
-                "scenes_dir": str(REPO / "scenes"),
                 "tenants": {"default": {"upstream": {"base_url": "${UP}/v1"}}},
             }
         )
@@ -65,6 +65,51 @@ def test_serve_subprocess_forwards_and_logs(
     lines = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
     access = [x for x in lines if x.get("logger") == "recap.access"]
     assert [x["path"] for x in access] == ["/v1/chat/completions"]  # health checks stay out
+    # The first line says the server is up, where, on which store and upstreams; the last
+    # two that it stops, then that it stopped.
+    started, *_, stopping, stopped = lines
+    assert started["event"] == "started" and started["logger"] == "recap.server"
+    assert started["address"] == f"http://127.0.0.1:{port}"
+    assert started["store"] == "sqlite:///./state/recap.db"
+    host = upstream_url.removeprefix("http://")
+    assert started["tenants"] == [{"name": "default", "upstream": host, "open": True}]
+    assert started["version"] == importlib.metadata.version("recap")
+    assert f"listening on http://127.0.0.1:{port}" in started["msg"]
+    assert (stopping["event"], stopped["event"]) == ("stopping", "stopped")
+    assert stopped["uptime_s"] >= 0
+
+
+def test_serve_in_text_says_it_is_up_and_that_it_stopped(tmp_path: Path, upstream_url: str) -> None:
+    port = free_port()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "store": "sqlite:///./recap.db",
+                "tenants": {"default": {"upstream": {"base_url": f"{upstream_url}/v1"}}},
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "proxy", "serve", "--config", str(cfg)),
+            *("--port", str(port), "--log-format", "text"),
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # written once the socket is bound
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    finally:
+        proc.terminate()
+        _, rest = proc.communicate(timeout=15)
+    assert f"listening on http://127.0.0.1:{port}; store sqlite:///./recap.db" in first
+    assert "prompts packaged; tenants: default \u2192 127.0.0.1:" in first
+    assert "{" not in first and "\033[" not in first  # text, and no colours off a terminal
+    assert rest.splitlines()[-1].split(maxsplit=2)[2].startswith("recap stopped after ")
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:

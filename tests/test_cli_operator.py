@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,6 @@ from proxy.config import load_config
 from proxy.store import open_store
 from proxy.store.base import ConversationRef, NewSummary
 from proxy.tail import tail
-from tests.conftest import REPO
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import serve
 from tests.trajectories import DATA, chained, model_calls, sessions
@@ -36,7 +38,6 @@ def write_config(tmp_path: Path, upstream_url: str, **extra: Any) -> Path:
         yaml.safe_dump(
             {
                 "store": "sqlite:///./recap.db",
-                "scenes_dir": str(REPO / "scenes"),
                 "tenants": {
                     name: {
                         "api_keys": [f"key-{name}"],
@@ -189,38 +190,87 @@ def test_prune_deletes_whole_idle_conversations(
         for table in ("conversations", "messages", "events", "summary_versions"):
             keys = {k for (k,) in db.execute(f"SELECT key FROM {table}")}
             assert keys == {"fresh"}, table
-    code, out, _ = run(capsys, "prune", "--config", str(cfg), "--older-than-days", "0")
-    assert code == 0 and "nothing to prune" in out
+    code, out, _ = run(capsys, "prune", "--config", str(cfg), "--older-than-days", "100")
+    assert code == 0 and out.strip() == "pruned 0 conversation(s) idle for over 100 day(s)"
+
+
+@pytest.mark.parametrize("days", ["0", "-1", "nan", "soon"])
+def test_prune_refuses_zero_days_with_the_reason(
+    tmp_path: Path, upstream_url: str, capsys: pytest.CaptureFixture[str], days: str
+) -> None:
+    """Zero is not "keep forever" (the config's 0) said on the command line, nor a way to
+    delete everything: it would also take conversations in use. Exit 2, bad arguments."""
+    cfg = write_config(tmp_path, upstream_url, archive={"retention_days": 30})
+    with pytest.raises(SystemExit) as exit_:
+        main(["prune", "--config", str(cfg), "--older-than-days", days])
+    assert exit_.value.code == 2
+    _, err = capsys.readouterr()
+    assert "--older-than-days" in err
+    assert ("must be more than 0 days" if days != "soon" else "expected a number of days") in err
+    assert not (tmp_path / "recap.db").exists()  # refused before the store was opened
+
+
+def test_prune_with_retention_zero_says_what_to_do(
+    tmp_path: Path, upstream_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_config(tmp_path, upstream_url)  # archive.retention_days: 0 (the default)
+    code, out, _ = run(capsys, "prune", "--config", str(cfg))
+    assert code == 0
+    assert "retention_days is 0 (keep forever): nothing pruned" in out
+    assert "--older-than-days N" in out
+
+
+def test_commands_end_quietly_when_the_reader_leaves(tmp_path: Path, upstream_url: str) -> None:
+    """`recap conversations | head -1`: the reader closes the pipe; no traceback."""
+    cfg = write_config(tmp_path, upstream_url)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes anything
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "proxy", "conversations", "--tenant", "a", "--config", str(cfg)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert proc.stderr == ""
+    assert proc.returncode == 141  # as a process killed by SIGPIPE (`yes | head -1`)
 
 
 def test_tail_shows_compactions_inline() -> None:
     record = {
-        "ts": 1,
+        "ts": "2026-12-01T10:00:00.000Z",
         "level": "info",
         "logger": "recap.access",
         "request_id": "r1",
+        "tenant": "acme",
+        "conversation": "trip",
+        "model": "gpt-4o",
         "status": 200,
         "session_trigger": "context_ratio",
-        "session_failure": None,
         "session_batches": 1,
         "compacted_messages": 40,
         "summary_version": 3,
         "compaction_ms": 812,
+        "loop_trigger": "tool_rounds",
         "loop_failure": "timeout",
         "trimmed_results": 2,
         "trimmed_chars_saved": 9000,
         "tokens_before": 12000,
         "input_tokens": 4000,
     }
-    plain = {"ts": 2, "level": "info", "logger": "recap.access", "request_id": "r2", "status": 200}
+    plain = {"ts": 2, "level": "info", "logger": "recap.access", "tenant": "acme", "status": 200}
     out = io.StringIO()
     tail(io.StringIO(json.dumps(record) + "\n" + json.dumps(plain) + "\n"), out)
     lines = out.getvalue().splitlines()
-    assert "request_id=r1" in lines[0]
-    assert [line.split("\u21b3 ")[1] for line in lines[1:5]] == [
-        "session compacted (context_ratio): 40 messages in 1 batch(es), summary v3, 812 ms",
-        "loop compaction FAILED: timeout",
-        "trimmed 2 tool result(s), 9000 chars saved",
-        "tokens 12000 -> 4000",
+    assert "acme/trip" in lines[0] and "gpt-4o" in lines[0]
+    assert "12,000 \u2192 4,000 tok \u221267%" in lines[0]
+    assert "session v3+trim+FAILED" in lines[0]
+    assert [line.split("\u21b3 ")[1] for line in lines[1:4]] == [
+        "session  context near full: 40 messages \u2192 summary v3, 812 ms",
+        "loop     FAILED, timeout, sent as it came",
+        "trim     2 tool results trimmed, 9,000 chars saved",
     ]
-    assert "request_id=r2" in lines[5] and len(lines) == 6
+    assert lines[4].split()[1:] == ["200", "acme"] and len(lines) == 5

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import REPO, make_config
+from tests.conftest import make_config
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import free_port
 
@@ -90,7 +90,6 @@ def test_stalled_stream_ends_at_read_timeout_with_error_event(
     cfg = parse_config(
         {
             "store": f"sqlite:///{tmp_path}/r.db",
-            "scenes_dir": str(REPO / "scenes"),
             "tenants": {
                 "default": {"upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 0.7}}
             },

@@ -53,7 +53,7 @@ from proxy.identity import MAX_KEY_CHARS, conversation_ref
 from proxy.messages import chain_hashes, classify, fingerprint, split_pinned
 from proxy.store.base import ConversationRef
 from proxy.tokens import TokenCounter
-from tests.conftest import REPO, LogCapture
+from tests.conftest import LogCapture
 from tests.servers import read_body, serve
 
 # -- what clients send --------------------------------------------------------------------
@@ -406,7 +406,6 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Upstream
             config = parse_config(
                 {
                     "store": f"sqlite:///{tmp / 'recap.db'}",
-                    "scenes_dir": str(REPO / "scenes"),
                     "max_body_bytes": 1_000_000,
                     "default_context_window": WINDOW * 2,
                     "tenants": {

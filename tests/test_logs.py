@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 
+from proxy.ansi import Style
+from proxy.logs import JsonFormatter, TextFormatter
+from proxy.tail import render as tail_render
 from proxy.tail import tail
 from tests.fakes import FakeUpstream
+from tests.faults import compacting_config, history, post
 
 SECRET_CONTENT = "my card number is 4111-1111-1111-1111"
 
@@ -75,21 +83,24 @@ def test_request_id_header_matches_log(proxy_url: str, logs: Any) -> None:
 def test_tail_renders_and_filters() -> None:
     records = [
         {
-            "ts": 1,
+            "ts": "2026-12-01T10:00:01.000Z",
             "level": "info",
             "logger": "recap.access",
             "request_id": "r1",
+            "tenant": "t",
             "conversation": "a",
             "status": 200,
             "total_ms": 12.5,
         },
         {
-            "ts": 2,
+            "ts": 2,  # older logs: epoch seconds
             "level": "info",
             "logger": "recap.access",
             "request_id": "r2",
+            "tenant": "u",
             "conversation": "b",
             "status": 502,
+            "error": "upstream_unreachable",
         },
         {
             "ts": 3,
@@ -99,17 +110,100 @@ def test_tail_renders_and_filters() -> None:
             "request_id": "r3",
         },
     ]
-    src = io.StringIO("\n".join(json.dumps(r) for r in records) + "\nnot json\n")
+    text = "\n".join(json.dumps(r) for r in records) + "\nnot json\n"
     out = io.StringIO()
-    tail(src, out)
+    tail(io.StringIO(text), out)
     lines = out.getvalue().splitlines()
     assert len(lines) == 4
-    assert (
-        "request_id=r1" in lines[0] and "conversation=a" in lines[0] and "total_ms=12.5" in lines[0]
-    )
-    assert "recap.pipeline: stage x failed" in lines[2]
+    assert lines[0].split()[1:3] == ["200", "t/a"] and lines[0].endswith("total 12.5 ms")
+    assert lines[1].split()[1:3] == ["502", "u/b"]
+    assert lines[1].endswith("\u2014 upstream unreachable")
+    assert lines[2].endswith("warn  recap.pipeline: stage x failed request_id=r3")
     assert lines[3] == "not json"
-    src.seek(0)
+    for kw, expect in (({"conversation": "b"}, "u/b"), ({"tenant": "t"}, "t/a")):
+        out = io.StringIO()
+        tail(io.StringIO(text), out, **kw)  # type: ignore[arg-type]
+        assert [x.split()[2] for x in out.getvalue().splitlines()] == [expect]
     out = io.StringIO()
-    tail(src, out, conversation="b")
-    assert [("request_id=r2" in x) for x in out.getvalue().splitlines()] == [True]
+    tail(io.StringIO(text), out, raw=True, conversation="a")
+    assert out.getvalue() == json.dumps(records[0]) + "\n"
+
+
+def test_json_lines_carry_iso_times_and_only_fields_with_a_value(
+    proxy_factory: Callable[..., str], upstream_url: str, tmp_path: Path, logs: Any
+) -> None:
+    url = proxy_factory(compacting_config(upstream_url, tmp_path))
+    assert post(url, history(), "long").status_code == 200  # compacts: a success
+    (line,) = logs.access()
+    assert line["session_trigger"] == "context_ratio"
+    assert "session_failure" not in line  # was `"session_failure": null`
+    for record in logs.records():
+        assert None not in record.values(), record
+        stamp = datetime.fromisoformat(record["ts"])
+        assert record["ts"].endswith("Z") and stamp.utcoffset() == timedelta(0)
+        assert abs(stamp.timestamp() - time.time()) < 3600
+
+
+def test_tail_on_a_real_log_reads_one_short_line_per_request(
+    proxy_factory: Callable[..., str], upstream_url: str, tmp_path: Path, logs: Any
+) -> None:
+    url = proxy_factory(
+        compacting_config(
+            upstream_url,
+            tmp_path,
+            loop={"loop_trigger_tool_rounds": 3, "loop_recent_tool_rounds": 1},
+            admin_keys=["adm"],
+        )
+    )
+    assert post(url, [{"role": "user", "content": "Hello"}], "hello").status_code == 200
+    assert post(url, history(), "long-conversation-key").status_code == 200
+    loop: list[dict[str, Any]] = [{"role": "user", "content": "Find it " + "x " * 400}]
+    for i in range(6):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        loop += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "result " * 300},
+        ]
+    assert post(url, loop, "agent").status_code == 200
+    manual = httpx.post(
+        url.removesuffix("/v1") + "/v1/recap/conversations/hello/compact",
+        headers={"authorization": "Bearer adm"},
+    )
+    assert manual.status_code == 409
+    records = logs.access(expect=4)
+    assert records[3]["manual_compaction"] == "skipped"
+    assert records[3]["manual_compaction_reason"].startswith("Nothing was compacted")
+
+    out = io.StringIO()
+    tail(io.StringIO(logs.text), out)
+    lines = out.getvalue().splitlines()
+    requests = [x for x in lines if not x.startswith(" ")]
+    assert len(requests) == 4
+    assert all(len(x) <= 160 for x in requests), requests
+    hello, long, agent, compact = requests
+    assert hello.split()[1:4] == ["200", "default/hello", "small"]
+    assert " tok " in hello and "overhead " in hello
+    assert long.split()[1:3] == ["200", "default/long-conversation-key"]
+    assert "\u2192" in long and "session v1" in long
+    assert "loop" in agent
+    assert compact.split()[1:3] == ["409", "default/hello"]
+    notes = [x.strip() for x in lines if x.startswith(" ")]
+    assert len(notes) == 3, lines
+    session, loop_note, manual_note = (n.removeprefix("\u21b3 ") for n in notes)
+    before, after = records[1]["tokens_before"], records[1]["input_tokens"]
+    assert session.startswith("session  context near full: ")
+    assert f"{before:,} \u2192 {after:,} tok" in session and session.endswith(" ms")
+    assert loop_note.startswith("loop     many tool rounds: ") and "tool rounds folded" in loop_note
+    assert manual_note.startswith("manual   skipped: ") and "?" not in manual_note
+    assert "\033[" not in out.getvalue()  # no colours unless asked (a terminal)
+    coloured = io.StringIO()
+    tail(io.StringIO(logs.text), coloured, style=Style(colour=True))
+    assert "\033[32m200\033[0m" in coloured.getvalue()
+
+
+def test_text_format_prints_what_tail_prints() -> None:
+    record = logging.LogRecord("recap.access", logging.INFO, "", 0, "request", None, None)
+    record.fields = {"tenant": "t", "conversation": "c", "status": 200, "session_failure": None}
+    as_json = json.loads(JsonFormatter().format(record))
+    assert "session_failure" not in as_json
+    assert TextFormatter().format(record) == tail_render(as_json)

@@ -59,7 +59,6 @@ def write_config(tmp_path: Path, store_url: str, upstream_url: str) -> Path:
     config = {
         "store": store_url,
         "store_pool": {"min_size": 1, "max_size": 4, "lock_max_size": 4},
-        "scenes_dir": str(REPO / "scenes"),
         "models": {"small": {"context_window": WINDOW}},
         "tenants": {
             "default": {

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from proxy.app import load_scenes
 from proxy.compaction.transcript import render_transcript
+from proxy.config import load_config
 from proxy.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
 
-SCENES_DIR = Path(__file__).resolve().parent.parent / "scenes"
-DATA = Path("/work/shared/data/taubench-airline-dev.jsonl")
+SCENES_DIR = Path(__file__).resolve().parent.parent / "proxy" / "scenes_default"
+DATA = Path(__file__).resolve().parent / "data" / "taubench-airline-dev.jsonl"
 
 SESSION_SECTIONS = [
     "User Goal",
@@ -212,6 +214,32 @@ def test_override_replaces_one_kind_and_is_validated_as_it(tmp_path: Path) -> No
     )
     with pytest.raises(SceneError, match=r"w\.yaml.*goal"):
         SceneSet(SCENES_DIR, {"session_compact": str(wrong)})
+
+
+def test_without_a_directory_the_packaged_scenes_supply_every_kind(tmp_path: Path) -> None:
+    packaged = SceneSet()
+    assert {packaged.get(k).name for k in KINDS} == set(KINDS)
+    assert packaged.get("session_compact") == SceneSet(SCENES_DIR).get("session_compact")
+    custom = write_scene(tmp_path, MINIMAL.replace("tiny", "terse"), "mine.yaml")
+    mixed = SceneSet(None, {"session_compact": str(custom)})
+    assert mixed.get("session_compact").name == "terse"
+    assert mixed.get("loop_compact") == packaged.get("loop_compact")
+
+
+def test_a_config_scenes_dir_replaces_the_packaged_scenes(tmp_path: Path) -> None:
+    mine = tmp_path / "my-scenes"
+    mine.mkdir()
+    write_scene(mine, MINIMAL.replace("tiny", "terse"), "session_compact.yaml")
+    loop = (SCENES_DIR / "loop_compact.yaml").read_text(encoding="utf-8")
+    (mine / "loop_compact.yaml").write_text(loop.replace("name: loop_compact", "name: mine"))
+    (tmp_path / "c.yaml").write_text("scenes_dir: my-scenes\n")
+    scenes = load_scenes(load_config(tmp_path / "c.yaml", env={}))["default"]
+    names = (scenes.get("session_compact").name, scenes.get("loop_compact").name)
+    assert names == ("terse", "mine")
+    # No scenes_dir (or an empty one from an unset ${VAR}): the packaged scenes.
+    (tmp_path / "d.yaml").write_text("scenes_dir: ${UNSET}\n")
+    default = load_scenes(load_config(tmp_path / "d.yaml", env={}))["default"]
+    assert default.get("session_compact").name == "session_compact"
 
 
 def test_set_fails_fast_on_unknown_names_and_missing_files(tmp_path: Path) -> None:

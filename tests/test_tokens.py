@@ -31,7 +31,7 @@ from proxy.tokens import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-TAUBENCH = Path("/work/shared/data/taubench-airline-dev.jsonl")
+TAUBENCH = REPO / "tests" / "data" / "taubench-airline-dev.jsonl"
 CHINESE = "我们今天讨论一下如何压缩长对话的历史记录。"
 
 

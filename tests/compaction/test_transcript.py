@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from proxy.compaction.transcript import detect_language, head_tail, render_transcript
 
-DATA = Path("/work/shared/data/taubench-airline-dev.jsonl")
+DATA = Path(__file__).resolve().parents[1] / "data" / "taubench-airline-dev.jsonl"
 RESULT = re.compile(r"^Tool result \[([^\]]*)\]: ", re.MULTILINE)
 
 
