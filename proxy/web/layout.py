@@ -45,8 +45,9 @@ button.danger{color:#cf222e}
 input,select{font:inherit;padding:4px 6px;border:1px solid #d0d7de;border-radius:6px}
 pre{white-space:pre-wrap;word-break:break-word;margin:0;font:12.5px/1.4 ui-monospace,
 SFMono-Regular,Menlo,Consolas,monospace}
-.summary{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:10px 12px}
-.chart{background:#fff;border:1px solid #d0d7de;border-radius:6px;max-width:100%;height:auto}
+.summary{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:10px 12px;
+max-height:22em;overflow:auto}
+.chart{background:#fff;border:1px solid #d0d7de;border-radius:6px;width:100%;height:auto}
 .chart .grid{stroke:#eaeef2}
 .chart .axis{font-size:11px;fill:#656d76}
 .chart .hit{fill:transparent}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from tests.servers import serve
 ADMIN = "admin-key-0123"
 KEYS = {"a": "tenant-a-key", "b": "tenant-b-key"}
 SCRIPT = "<script>alert('x')</script>"
-CONV_A = "conv-a/1 & <b>"
+CONV_A = "conv-a/1 & <u>x</u>"
 CONV_B = "conv-b"
 
 
@@ -76,17 +77,33 @@ def site_config(upstream_url: str, tmp_path: Path) -> Any:
     return parse_config(data, env={}, base_dir=str(tmp_path))
 
 
-@pytest.fixture
-def site(tmp_path: Path) -> Iterator[Site]:
+@contextmanager
+def running_site(tmp_path: Path) -> Iterator[Site]:
     fake = FakeUpstream()
-    with serve(fake.app) as upstream_url, serve(create_app(site_config(upstream_url, tmp_path))) as url:
+    config = site_config
+    with serve(fake.app) as upstream_url, serve(create_app(config(upstream_url, tmp_path))) as url:
         s = Site(url, fake)
         s.chat("a", CONV_A, history(marker=SCRIPT))
         s.wait_archived("a", CONV_A, 1)
         assert s.detail("a", CONV_A)["current_version"] == 1  # it compacted
-        # A later request, longer: the page's "Compact now" can fold more of it.
-        s.chat("a", CONV_A, history(turns=60, marker=SCRIPT))
+        # Later requests, longer: the page's "Compact now" can fold more of them.
+        for turns in range(48, 61, 3):
+            s.chat("a", CONV_A, history(turns=turns, marker=SCRIPT))
         s.chat("b", CONV_B, history(turns=3, marker="tenant b only"))
-        s.wait_archived("a", CONV_A, 2)
+        s.wait_archived("a", CONV_A, 6)
         s.wait_archived("b", CONV_B, 1)
+        yield s
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Site]:
+    """A site of its own, for tests that change it (compact, roll back)."""
+    with running_site(tmp_path) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def shared_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """One site for a module's tests that only look."""
+    with running_site(tmp_path_factory.mktemp("web")) as s:
         yield s

@@ -109,7 +109,7 @@ def test_login_list_conversation_compact_rollback(
     browser.find_element(By.LINK_TEXT, CONV_A).click()
     assert browser.find_element(By.TAG_NAME, "h1").text == CONV_A
     assert browser.find_elements(By.CSS_SELECTOR, "svg.chart polyline")
-    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart a")) == 2  # two requests
+    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart a")) == 6  # six requests
     assert browser.find_elements(By.CSS_SELECTOR, "#timeline tr.ok")
     # The client's own words, shown as text and never run.
     assert SCRIPT in browser.find_element(By.ID, "client-sent").text
@@ -137,9 +137,7 @@ def test_login_list_conversation_compact_rollback(
     assert "What the model saw" in browser.find_element(By.ID, "model-saw").text
     assert no_alert(browser)
 
-    browser.get(
-        f"{site.url}/recap/conversation?tenant=a&key={quote(CONV_A)}&from=1&to=2"
-    )
+    browser.get(f"{site.url}/recap/conversation?tenant=a&key={quote(CONV_A)}&from=1&to=2")
     assert browser.find_elements(By.CSS_SELECTOR, "pre.diff .add")
     browser.execute_script("window.scrollTo(0, 0)")
     shot = Path(os.environ.get("RECAP_WEB_SCREENSHOT") or tmp_path / "web-page.png")
