@@ -9,10 +9,15 @@ from __future__ import annotations
 import html
 import re
 from http.cookies import SimpleCookie
+from pathlib import Path
 
 import httpx
 import pytest
 
+from proxy.app import create_app
+from proxy.config import parse_config
+from tests.faults import SCENES
+from tests.servers import serve
 from tests.web.conftest import ADMIN, CONV_A, CONV_B, KEYS, SCRIPT, Site, bearer
 
 CSRF = re.compile(r'name="csrf" value="([^"]*)"')
@@ -233,3 +238,28 @@ def test_logout_ends_the_session_in_the_browser(shared_site: Site) -> None:
     assert r.status_code == 303 and r.headers["location"] == "/recap/login"
     assert "recap_session" not in client.cookies
     assert client.get("/recap/").status_code == 303
+
+
+@pytest.mark.parametrize("inspection_open", [True, False])
+def test_the_open_tenant_needs_no_login_only_with_inspection_open(
+    tmp_path: Path, inspection_open: bool
+) -> None:
+    config = parse_config(
+        {
+            "store": f"sqlite:///{tmp_path / 'recap.db'}",
+            "inspection_open": inspection_open,
+            "scenes_dir": str(SCENES),
+            "tenants": {"open": {}, "closed": {"api_keys": ["k"]}},
+        },
+        env={},
+        base_dir=str(tmp_path),
+    )
+    with serve(create_app(config)) as url:
+        r = httpx.get(url + "/recap/")
+        if inspection_open:
+            assert r.status_code == 200 and "tenant open (open)" in r.text
+            assert httpx.get(url + "/recap/", params={"tenant": "closed"}).status_code == 404
+        else:
+            assert r.status_code == 303 and r.headers["location"] == "/recap/login"
+        # Logging in with no key is never a session, open tenant or not.
+        assert httpx.post(url + "/recap/login", data={"key": ""}).status_code == 401
