@@ -28,7 +28,7 @@ table{border-collapse:collapse;width:100%;background:#fff;border:1px solid #d0d7
 th,td{padding:5px 8px;border-bottom:1px solid #eaeef2;text-align:left;vertical-align:top}
 th{background:#f6f8fa;font-weight:600;white-space:nowrap}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.key{word-break:break-all}
+td.key{word-break:break-all;width:36%}
 a{color:#0969da}
 .muted{color:#656d76}
 .notice{background:#dafbe1;border:1px solid #4ac26b;padding:8px 12px;border-radius:6px}
@@ -54,13 +54,17 @@ max-height:22em;overflow:auto}
 .chart a:hover .hit{fill:#0969da14}
 .legend{margin:4px 0}
 .legend span{margin-right:16px}
-.diff{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:8px}
+.diff{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:8px;max-height:30em;
+overflow:auto}
 .diff .add{background:#dafbe1;display:block}
 .diff .del{background:#ffebe9;display:block}
 .diff .hunk{color:#8250df;display:block}
 .sides{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+.sides>div{max-height:48em;overflow:auto;padding-right:4px}
+.sides h3{position:sticky;top:0;background:#f6f8fa;margin:0;padding:4px 0}
 .msg{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:6px 10px;margin:6px 0}
 .msg .role{font-weight:600;font-size:12px;text-transform:uppercase;color:#656d76}
+.msg .role .muted{text-transform:none;font-weight:400}
 .msg.synthetic{border-color:#8250df;background:#fbefff}
 .msg.folded{opacity:.55}
 .tag{font-size:11px;border-radius:10px;padding:0 6px;margin-left:6px;border:1px solid}
