@@ -96,15 +96,18 @@ class Visit:
         assert caller.tenant is not None  # only an admin may see all tenants
         return f"tenant {caller.tenant.name}" + (" (open)" if self.credential is None else "")
 
-    async def form(self) -> dict[str, str]:
-        """A urlencoded form (the only kind the page sends), after the cross-site checks."""
+    async def form(self, *, csrf: bool = True) -> dict[str, str]:
+        """A urlencoded form (the only kind the page sends), after the cross-site checks.
+
+        The login form carries no token (there is no session yet, or it replaces one)."""
         check_same_origin({k.lower(): v for k, v in self.request.headers.items()})
         raw = await self.request.body()
         if len(raw) > MAX_FORM:
             raise BadRequest("form is too large")
         parsed = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True)
         form = {k: v[0] for k, v in parsed.items()}
-        self.sessions.check_csrf(self.credential, form.get("csrf", ""))
+        if csrf:
+            self.sessions.check_csrf(self.credential, form.get("csrf", ""))
         return form
 
 
@@ -172,7 +175,7 @@ async def _login_form(visit: Visit) -> Response:
 
 
 async def _login(visit: Visit) -> Response:
-    form = await visit.form()
+    form = await visit.form(csrf=False)
     key = form.get("key", "").strip()
     if not key or not visit.sessions.known(key):
         visit.fields["error"] = "invalid_api_key"

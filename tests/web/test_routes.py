@@ -63,6 +63,16 @@ def test_login_sets_a_strict_httponly_cookie_that_holds_no_key(shared_site: Site
     assert "tenant a" in r.text
 
 
+def test_logging_in_again_replaces_the_session(shared_site: Site) -> None:
+    client = logged_in(shared_site, KEYS["a"])
+    r = client.post("/recap/login", data={"key": KEYS["b"]}, headers={"origin": shared_site.url})
+    assert r.status_code == 303
+    assert "tenant b" in client.get("/recap/").text
+    # From another site, even the login form is refused.
+    r = client.post("/recap/login", data={"key": ADMIN}, headers={"origin": "http://evil.example"})
+    assert r.status_code == 403 and "tenant b" in client.get("/recap/").text
+
+
 def test_https_behind_a_proxy_marks_the_cookie_secure(shared_site: Site) -> None:
     r = httpx.post(
         shared_site.url + "/recap/login",
