@@ -85,6 +85,7 @@ def create_app(config: Config) -> Starlette:
     from proxy.operator import operator_routes
     from proxy.passthrough import Passthrough
     from proxy.retention import Retention
+    from proxy.web import web_routes
 
     # Per app, never global: tests build many apps, each with its own registry.
     metrics = Metrics()
@@ -154,6 +155,7 @@ def create_app(config: Config) -> Starlette:
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/chat/completions", ChatCompletions(), methods=["POST"]),
         *operator_routes(),
+        *web_routes(config),
         Route(
             "/v1/{path:path}",
             Passthrough(),

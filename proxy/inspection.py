@@ -92,17 +92,22 @@ async def view(store: Store, conv: ConversationRef) -> dict[str, Any]:
     payload = event.payload
     # `sent` is null when the request went upstream exactly as the client sent it.
     sent: list[str] = payload.get("sent") or payload.get("messages") or []
-    bodies = await store.archived_messages(conv, sent)
-    missing = sum(fp not in bodies for fp in sent)
-    if missing:
-        raise Conflict(f"The archive lacks {missing} message(s) of the last request.")
     return {
         "object": "recap.view",
         "event_id": event.id,
         "created_at": event.created_at,
         **{k: payload.get(k) for k in _VIEW_FIELDS},
-        "messages": [json.loads(bodies[fp]) for fp in sent],
+        "messages": await archived(store, conv, sent),
     }
+
+
+async def archived(store: Store, conv: ConversationRef, fingerprints: list[str]) -> list[Any]:
+    """The archived messages with these fingerprints, in this order (a request's list)."""
+    bodies = await store.archived_messages(conv, fingerprints)
+    missing = sum(fp not in bodies for fp in fingerprints)
+    if missing:
+        raise Conflict(f"The archive lacks {missing} message(s) of this request.")
+    return [json.loads(bodies[fp]) for fp in fingerprints]
 
 
 _VIEW_FIELDS = (

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.compaction.manual import compact_now
+from proxy.compaction.manual import ManualResult, compact_now
 from proxy.compaction.session_stage import SessionStage
 from proxy.config import Config, Tenant
 from proxy.errors import BadRequest, CompactionFailed, Conflict, NotFound, RecapError, Unauthorized
@@ -184,6 +184,26 @@ async def _export(request: Request, state: AppState, fields: dict[str, Any]) -> 
 
 async def _compact(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
     caller, tenant, conv = _conversation(request, state, fields)
+    result = await manual_compaction(state, caller, tenant, conv, fields)
+    return JSONResponse(
+        {
+            "object": "recap.compaction",
+            "tenant": conv.tenant,
+            "key": conv.key,
+            "version": result.version,
+            "summary": result.summary,
+            "covered": result.covered,
+            "tokens_before": result.tokens_before,
+            "tokens_after": result.tokens_after,
+            "tokens_saved": max(0, result.tokens_before - result.tokens_after),
+        }
+    )
+
+
+async def manual_compaction(
+    state: AppState, caller: Caller, tenant: Tenant, conv: ConversationRef, fields: dict[str, Any]
+) -> ManualResult:
+    """Compact now (the JSON route and the web page's button), noting it in the access log."""
     stage = next((s for s in state.pipeline.stages if s.name == "session"), None)
     if not isinstance(stage, SessionStage):
         raise Conflict("Session compaction is not part of this proxy's pipeline.")
@@ -205,19 +225,7 @@ async def _compact(request: Request, state: AppState, fields: dict[str, Any]) ->
         )
         raise
     fields.update(manual_compaction="ok", manual_compaction_ms=took())
-    return JSONResponse(
-        {
-            "object": "recap.compaction",
-            "tenant": conv.tenant,
-            "key": conv.key,
-            "version": result.version,
-            "summary": result.summary,
-            "covered": result.covered,
-            "tokens_before": result.tokens_before,
-            "tokens_after": result.tokens_after,
-            "tokens_saved": max(0, result.tokens_before - result.tokens_after),
-        }
-    )
+    return result
 
 
 async def _rollback(request: Request, state: AppState, fields: dict[str, Any]) -> Response:

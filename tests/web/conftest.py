@@ -1,0 +1,109 @@
+"""The web page's servers: a fake upstream and a two-tenant compacting proxy, on uvicorn.
+
+`site` serves them and seeds tenant a with one compacted conversation whose
+messages carry a `<script>` (the page must show it as text), and tenant b with a
+conversation of its own; both are archived before the tests look.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.config import parse_config
+from tests.fakes import FakeUpstream
+from tests.faults import compacting_data, history, post
+from tests.servers import serve
+
+ADMIN = "admin-key-0123"
+KEYS = {"a": "tenant-a-key", "b": "tenant-b-key"}
+SCRIPT = "<script>alert('x')</script>"
+CONV_A = "conv-a/1 & <u>x</u>"
+CONV_B = "conv-b"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+@dataclass
+class Site:
+    url: str  # the proxy's base URL, without /v1
+    upstream: FakeUpstream
+
+    def chat(self, tenant: str, conv: str, messages: list[dict[str, Any]]) -> None:
+        r = post(self.url + "/v1", messages, conv, headers=bearer(KEYS[tenant]))
+        assert r.status_code == 200, r.text
+
+    def detail(self, tenant: str, conv: str) -> dict[str, Any]:
+        r = httpx.get(
+            f"{self.url}/v1/recap/conversations/{conv}",
+            params={"tenant": tenant},
+            headers=bearer(ADMIN),
+        )
+        assert r.status_code == 200, r.text
+        data: dict[str, Any] = r.json()
+        return data
+
+    def wait_archived(self, tenant: str, conv: str, requests: int) -> None:
+        """Events are written just after each response: wait (bounded) for the request's."""
+        deadline = time.monotonic() + 10
+        while True:
+            r = httpx.get(
+                f"{self.url}/v1/recap/conversations/{conv}/archive",
+                params={"tenant": tenant},
+                headers=bearer(ADMIN),
+            )
+            kinds = [line.split('"type":')[1][:12] for line in r.text.splitlines()[1:]]
+            if r.status_code == 200 and sum('"request"' in k for k in kinds) >= requests:
+                return
+            assert time.monotonic() < deadline, "the archive did not settle"
+            time.sleep(0.02)
+
+
+def site_config(upstream_url: str, tmp_path: Path) -> Any:
+    data = compacting_data(upstream_url, tmp_path)
+    tenant = data["tenants"]["default"]
+    data["tenants"] = {name: {**tenant, "api_keys": [key]} for name, key in KEYS.items()}
+    data["admin_keys"] = [ADMIN]
+    return parse_config(data, env={}, base_dir=str(tmp_path))
+
+
+@contextmanager
+def running_site(tmp_path: Path) -> Iterator[Site]:
+    fake = FakeUpstream()
+    config = site_config
+    with serve(fake.app) as upstream_url, serve(create_app(config(upstream_url, tmp_path))) as url:
+        s = Site(url, fake)
+        s.chat("a", CONV_A, history(marker=SCRIPT))
+        s.wait_archived("a", CONV_A, 1)
+        assert s.detail("a", CONV_A)["current_version"] == 1  # it compacted
+        # Later requests, longer: the page's "Compact now" can fold more of them.
+        for turns in range(48, 61, 3):
+            s.chat("a", CONV_A, history(turns=turns, marker=SCRIPT))
+        s.chat("b", CONV_B, history(turns=3, marker="tenant b only"))
+        s.wait_archived("a", CONV_A, 6)
+        s.wait_archived("b", CONV_B, 1)
+        yield s
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Site]:
+    """A site of its own, for tests that change it (compact, roll back)."""
+    with running_site(tmp_path) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def shared_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """One site for a module's tests that only look."""
+    with running_site(tmp_path_factory.mktemp("web")) as s:
+        yield s
