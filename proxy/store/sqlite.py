@@ -63,10 +63,10 @@ from proxy.store.base import (
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import migrate
 from proxy.store.sqlite_faults import (
+    DatabaseFile,
     Fault,
     FileFault,
     Kind,
-    check_file,
     check_free_space,
     fault_kind,
     fault_reason,
@@ -192,7 +192,7 @@ class SqliteStore(Store):
         # The file was opened once: if it disappears, it is waited for, never re-created
         # empty (that would hide the loss and split the archive in two).
         self._created = False
-        self._identity: tuple[int, int] | None = None
+        self._file: DatabaseFile | None = None
         self._fault: Fault | None = None
 
     @property
@@ -238,7 +238,7 @@ class SqliteStore(Store):
             await migrate(db, self._clock())
             if self._path != MEMORY:
                 st = os.stat(self._path)
-                self._identity = (st.st_dev, st.st_ino)
+                self._file = DatabaseFile(self._path, (st.st_dev, st.st_ino))
         except BaseException:
             await db.close()
             raise
@@ -289,8 +289,8 @@ class SqliteStore(Store):
             fault.retry_at = time.monotonic() + self._retry_s
         if self._db is None or (fault is not None and fault.kind.reconnect):
             await self._reopen(check=fault is not None and fault.kind.damaged)
-        if write and self._identity is not None:
-            check_file(self._path, self._identity)
+        if write and self._file is not None:
+            self._file.check()
         return await self._settled()
 
     async def _reopen(self, *, check: bool) -> None:
