@@ -21,7 +21,7 @@ from tests.faults import SummarizerFake, compacting_config
 from tests.servers import serve
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data" / "taubench-airline-dev.jsonl"
+DATA = REPO / "tests" / "data" / "taubench-airline-dev.jsonl"
 
 
 def load_sessions() -> list[dict[str, Any]]:

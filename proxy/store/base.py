@@ -137,11 +137,13 @@ class LoopSummary:
 
 @dataclass(frozen=True)
 class ExchangeRecord:
-    """What one request leaves in the archive: messages as (fingerprint, json), events."""
+    """What one request leaves in the archive: messages as (fingerprint, json), events,
+    and the request's other fields (model, tools, sampling, ...) as (fingerprint, json)."""
 
     conversation: ConversationRef
     messages: Sequence[tuple[str, str]]
     events: Sequence[tuple[EventType, Mapping[str, Any]]]
+    params: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True)
@@ -294,8 +296,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
-        """In one transaction, for each item: archive its messages (insert-or-ignore)
-        and append its events. Many requests' records are written together."""
+        """In one transaction, for each item: archive its messages and request parameters
+        (insert-or-ignore) and append its events. Many requests' records are written
+        together."""
+
+    @abc.abstractmethod
+    async def archived_params(
+        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        """fingerprint -> JSON of a request's fields other than its messages, in archive
+        order; None asks for all of them. `request` events name theirs as `params`."""
 
     @abc.abstractmethod
     async def archived_messages(

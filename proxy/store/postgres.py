@@ -463,6 +463,8 @@ class PostgresStore(Store):
                 await _touch(conn, conv, now)
                 if item.messages:
                     await _insert_messages(conn, conv, item.messages, now)
+                if item.params:
+                    await _insert_params(conn, conv, item.params, now)
                 if item.events:
                     await _insert_events(conn, conv, item.events, now)
 
@@ -471,7 +473,17 @@ class PostgresStore(Store):
     async def archived_messages(
         self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
     ) -> dict[str, str]:
-        base = "SELECT fingerprint, body FROM messages WHERE tenant = $1 AND key = $2"
+        return await self._archived("messages", conv, fingerprints)
+
+    async def archived_params(
+        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        return await self._archived("request_params", conv, fingerprints)
+
+    async def _archived(
+        self, table: str, conv: ConversationRef, fingerprints: Sequence[str] | None
+    ) -> dict[str, str]:
+        base = f"SELECT fingerprint, body FROM {table} WHERE tenant = $1 AND key = $2"
         async with self.connection() as conn:
             if fingerprints is None:
                 rows = await conn.fetch(f"{base} ORDER BY id", conv.tenant, conv.key)
@@ -687,5 +699,24 @@ async def _insert_events(
         conv.key,
         [t for t, _ in events],
         [json_text(json.dumps(dict(p), ensure_ascii=False)) for _, p in events],
+        now,
+    )
+
+
+async def _insert_params(
+    conn: Conn, conv: ConversationRef, params: Sequence[tuple[str, str]], now: float
+) -> None:
+    """Insert-or-ignore a request's other fields, each distinct set once."""
+    unique = dict(reversed(list(params)))
+    fps = list(dict.fromkeys(fp for fp, _ in params))
+    await conn.execute(
+        "INSERT INTO request_params (tenant, key, fingerprint, body, first_seen_at)"
+        " SELECT $1, $2, p.fp, p.body, $5"
+        " FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS p (fp, body, ord) ORDER BY p.ord"
+        " ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
+        conv.tenant,
+        conv.key,
+        fps,
+        [json_text(unique[fp]) for fp in fps],
         now,
     )

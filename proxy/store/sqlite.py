@@ -589,6 +589,15 @@ class SqliteStore(Store):
                             " WHERE tenant = ? AND key = ?",
                             (cur.rowcount, conv.tenant, conv.key),
                         )
+                if item.params:
+                    await db.executemany(
+                        "INSERT INTO request_params (tenant, key, fingerprint, body, first_seen_at)"
+                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
+                        [
+                            (conv.tenant, conv.key, fp, _storable_json(body), now)
+                            for fp, body in item.params
+                        ],
+                    )
                 if item.events:
                     await db.executemany(
                         "INSERT INTO events (tenant, key, type, payload, created_at)"
@@ -602,7 +611,17 @@ class SqliteStore(Store):
     async def archived_messages(
         self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
     ) -> dict[str, str]:
-        base = "SELECT id, fingerprint, body FROM messages WHERE tenant = ? AND key = ?"
+        return await self._archived("messages", conv, fingerprints)
+
+    async def archived_params(
+        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        return await self._archived("request_params", conv, fingerprints)
+
+    async def _archived(
+        self, table: str, conv: ConversationRef, fingerprints: Sequence[str] | None
+    ) -> dict[str, str]:
+        base = f"SELECT id, fingerprint, body FROM {table} WHERE tenant = ? AND key = ?"
         found: list[tuple[int, str, str]] = []
         async with self._read() as db:
             if fingerprints is None:

@@ -17,7 +17,7 @@ import pytest
 from proxy.store import Store, StoreError, open_store
 from tests.pg import fresh_schema, postgres_url
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "taubench-airline-dev.jsonl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "taubench-airline-dev.jsonl"
 
 BACKENDS = ["sqlite", "postgresql"]
 
