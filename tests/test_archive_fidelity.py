@@ -22,6 +22,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import parse_config
+from tests.fakes import FakeUpstream
 from tests.faults import (
     MODEL,
     SummarizerFake,
@@ -30,7 +31,6 @@ from tests.faults import (
     summaries_in,
     wait_until,
 )
-from tests.fakes import FakeUpstream
 from tests.pg import fresh_schema, postgres_url
 from tests.servers import serve
 
@@ -312,6 +312,6 @@ def test_a_failed_archive_write_means_no_compaction(store: str, tmp_path: Path) 
             assert versions == [(0,)]
             # The same request compacts once the archive takes writes again.
             run(allow)
-            r, forwarded = post("refused", 2)
+            r, _ = post("refused", 2)
             assert r.headers["x-recap-compaction"] == "session"
             assert summaries_in(fake.fake.chat_requests()[-1].json["messages"]) == [1]
