@@ -82,6 +82,9 @@ class SummaryVersion:
     created_at: float
     updated_at: float
     current: bool
+    # Discarded by a rollback past it: never applied or built on again, unless an
+    # operator makes it current by name.
+    rolled_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,10 +168,11 @@ def pick_matching(
 ) -> int | None:
     """Choose which summary version applies to an incoming request, if any.
 
-    `versions` are (version, covered, boundary_hash). The current version wins
-    when it matches; otherwise a client that edited or forked its history gets
-    the earlier version (numbered <= current) that covers the most messages and
-    still matches, so it keeps as much of its summary as is still true.
+    `versions` are (version, covered, boundary_hash), rolled-back versions already left
+    out by the backend. The current version wins when it matches; otherwise a client
+    that edited or forked its history gets the earlier version (numbered <= current)
+    that covers the most messages and still matches, so it keeps as much of its
+    summary as is still true.
     Pure, so every backend shares one definition of "matches".
     """
 
@@ -282,7 +286,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def set_current_version(self, conv: ConversationRef, version: int | None) -> None:
-        """Roll back (or forward) to an existing version, or to none. NotFound if unknown."""
+        """Roll back (or forward) to an existing version, or to none. NotFound if unknown.
+
+        Every version numbered after the new current one is marked rolled back: it is
+        never matched (so never applied, nor rolled into a later summary) again, also
+        once newer versions exist. The version named is unmarked (an operator's choice).
+        """
 
     @abc.abstractmethod
     async def record_compaction(self, conv: ConversationRef, record: CompactionRecord) -> None:

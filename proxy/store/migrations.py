@@ -125,8 +125,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         2,
-        "whole-message fingerprints, archived request parameters",
+        "whole-message fingerprints, archived request parameters, rollbacks that stick",
         (
+            # 1: discarded by a rollback past it, never matched again (base.set_current_version).
+            "ALTER TABLE summary_versions ADD COLUMN rolled_back INTEGER NOT NULL DEFAULT 0",
             # A request's fields other than its messages (model, tools, sampling, ...),
             # each distinct set once per conversation; `request` events name them.
             f"""CREATE TABLE request_params (

@@ -87,6 +87,7 @@ _EVENT_COLUMNS = "id, type, payload, created_at"
 
 def _summary(row: Sequence[Any]) -> SummaryVersion:
     values = dict(zip(_SUMMARY_FIELDS, row, strict=False))
+    values["rolled_back"] = bool(values["rolled_back"])
     return SummaryVersion(**values, current=row[-1] == values["version"])
 
 
@@ -320,7 +321,7 @@ class PostgresStore(Store):
         async with self.connection() as conn:
             rows = await conn.fetch(
                 f"SELECT sv.version, sv.covered, sv.boundary_hash, {full}, c.current_version"
-                f" {_SUMMARY_FROM} AND sv.version <= c.current_version",
+                f" {_SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
                 conv.tenant,
                 conv.key,
             )
@@ -398,6 +399,13 @@ class PostgresStore(Store):
             )
             if updated is None:
                 raise NotFound("no such conversation")
+            await conn.execute(
+                "UPDATE summary_versions SET rolled_back = CASE WHEN version > $3 THEN 1"
+                " WHEN version = $3 THEN 0 ELSE rolled_back END WHERE tenant = $1 AND key = $2",
+                conv.tenant,
+                conv.key,
+                version or 0,
+            )
 
         await self._write(body)
 

@@ -124,6 +124,7 @@ def _storable_json(text: str) -> str:
 def _summary(row: Sequence[Any]) -> SummaryVersion:
     # The last column is the conversation's current_version.
     values = dict(zip(_SUMMARY_FIELDS, row, strict=False))
+    values["rolled_back"] = bool(values["rolled_back"])
     return SummaryVersion(**values, current=row[-1] == values["version"])
 
 
@@ -446,7 +447,7 @@ class SqliteStore(Store):
             rows = await _all(
                 db,
                 "SELECT sv.version, sv.covered, sv.boundary_hash, c.current_version"
-                f" {_SUMMARY_FROM} AND sv.version <= c.current_version",
+                f" {_SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
                 (conv.tenant, conv.key),
             )
             candidates = [(r[0], r[1], r[2]) for r in rows]
@@ -519,6 +520,11 @@ class SqliteStore(Store):
             )
             if cur.rowcount == 0:
                 raise NotFound("no such conversation")
+            await db.execute(
+                "UPDATE summary_versions SET rolled_back = CASE WHEN version > ? THEN 1"
+                " WHEN version = ? THEN 0 ELSE rolled_back END WHERE tenant = ? AND key = ?",
+                (version or 0, version or 0, conv.tenant, conv.key),
+            )
 
     async def record_compaction(self, conv: ConversationRef, record: CompactionRecord) -> None:
         now = self._clock()

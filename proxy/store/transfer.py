@@ -71,6 +71,7 @@ TABLES: tuple[Table, ...] = (
             "reason",
             "created_at",
             "updated_at",
+            "rolled_back",
         ),
         "tenant, key, version",
     ),

@@ -236,6 +236,55 @@ async def test_rollback_to_earlier_and_to_none(store: Store, history: list[dict[
     assert info is not None and info.current_version == 4 and info.compact_count == 4
 
 
+async def test_rollback_sticks(store: Store, history: list[dict[str, Any]]) -> None:
+    """Versions a rollback discarded are never matched again: not when newer versions
+    take numbers above them, and not for a history they would still match."""
+    hashes = chain_hashes(history)
+    for covered in (8, 16, 24):
+        await store.add_summary_version(CONV, summary_at(hashes, covered))
+    await store.set_current_version(CONV, 1)
+    assert [v.rolled_back for v in await store.summary_versions(CONV)] == [False, True, True]
+    # A compaction of a forked history (matching none of them) becomes version 4 ...
+    fork = chain_hashes(edited(history, 2))
+    v4 = await store.add_summary_version(CONV, summary_at(fork, 30))
+    assert v4.version == 4 and not v4.rolled_back
+    # ... and the original history still gets version 1, never the discarded 2 or 3.
+    found = await store.matching_summary(CONV, hashes)
+    assert found is not None and found.version == 1
+    found = await store.matching_summary(CONV, fork)
+    assert found is not None and found.version == 4
+    # Asked again (the SQLite store answers from its cache): the same.
+    found = await store.matching_summary(CONV, hashes)
+    assert found is not None and found.version == 1
+
+    # To none: everything is discarded, also for later versions' matching.
+    await store.set_current_version(CONV, None)
+    v5 = await store.add_summary_version(CONV, summary_at(fork, 31))
+    assert await store.matching_summary(CONV, hashes) is None
+    assert [v.rolled_back for v in await store.summary_versions(CONV)] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert v5.version == 5
+
+    # An operator may name a discarded version: it is current (and matched) again,
+    # the versions after it are discarded, the others stay as they were.
+    await store.set_current_version(CONV, 3)
+    found = await store.matching_summary(CONV, hashes)
+    assert found is not None and found.version == 3 and found.current
+    versions = await store.summary_versions(CONV)
+    assert [(v.version, v.rolled_back) for v in versions] == [
+        (1, True),
+        (2, True),
+        (3, False),
+        (4, True),
+        (5, True),
+    ]
+
+
 async def test_summary_text_round_trips_exactly(
     store: Store, history: list[dict[str, Any]]
 ) -> None:
