@@ -150,6 +150,18 @@ class ExchangeRecord:
 
 
 @dataclass(frozen=True)
+class ListPosition:
+    """Where a conversation listing stopped: the last row's (updated_at, tenant, key).
+
+    Listings are ordered by updated_at (newest first), then tenant and key, so this
+    names one place in the order even when many conversations share updated_at."""
+
+    updated_at: float
+    tenant: str
+    key: str
+
+
+@dataclass(frozen=True)
 class ConversationInfo:
     tenant: str
     key: str
@@ -366,9 +378,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list_conversations(
-        self, tenant: str | None, limit: int = 50, before: float | None = None
+        self,
+        tenant: str | None,
+        limit: int = 50,
+        before: float | None = None,
+        after: ListPosition | None = None,
     ) -> list[ConversationInfo]:
-        """Newest first by updated_at, only those updated strictly before `before`.
+        """Newest first by updated_at, then by tenant and key; only those updated
+        strictly before `before`, and only those after the position `after` (keyset
+        paging: no conversation is skipped or repeated when several share updated_at).
 
         tenant None lists every tenant (admin use).
         """

@@ -45,6 +45,7 @@ from proxy.store.base import (
     EventType,
     ExchangeRecord,
     Layer,
+    ListPosition,
     LoopSummary,
     NewSummary,
     NotFound,
@@ -628,7 +629,11 @@ class PostgresStore(Store):
     # -- conversations and retention ---------------------------------------------------------
 
     async def list_conversations(
-        self, tenant: str | None, limit: int = 50, before: float | None = None
+        self,
+        tenant: str | None,
+        limit: int = 50,
+        before: float | None = None,
+        after: ListPosition | None = None,
     ) -> list[ConversationInfo]:
         where: list[str] = []
         params: list[Any] = []
@@ -638,6 +643,13 @@ class PostgresStore(Store):
         if before is not None:
             params.append(before)
             where.append(f"updated_at < ${len(params)}")
+        if after is not None:
+            params += [after.updated_at, after.tenant, after.key]
+            n = len(params)
+            at, t, k = f"${n - 2}", f"${n - 1}", f"${n}"
+            where.append(
+                f"(updated_at < {at} OR (updated_at = {at} AND (tenant, key) > ({t}, {k})))"
+            )
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         params.append(max(0, limit))
         async with self.connection() as conn:

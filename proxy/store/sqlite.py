@@ -51,6 +51,7 @@ from proxy.store.base import (
     ExchangeRecord,
     KeyedLocks,
     Layer,
+    ListPosition,
     LoopSummary,
     NewSummary,
     NotFound,
@@ -748,7 +749,11 @@ class SqliteStore(Store):
             )
 
     async def list_conversations(
-        self, tenant: str | None, limit: int = 50, before: float | None = None
+        self,
+        tenant: str | None,
+        limit: int = 50,
+        before: float | None = None,
+        after: ListPosition | None = None,
     ) -> list[ConversationInfo]:
         where: list[str] = []
         params: list[Any] = []
@@ -758,6 +763,9 @@ class SqliteStore(Store):
         if before is not None:
             where.append("updated_at < ?")
             params.append(before)
+        if after is not None:
+            where.append("(updated_at < ? OR (updated_at = ? AND (tenant, key) > (?, ?)))")
+            params += [after.updated_at, after.updated_at, after.tenant, after.key]
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         async with self._read() as db:
             rows = await _all(

@@ -35,7 +35,7 @@ from proxy.store import (
     pick_matching,
     sqlite_path,
 )
-from proxy.store.base import ExchangeRecord
+from proxy.store.base import ExchangeRecord, ListPosition
 from proxy.store.migrations import LATEST
 from proxy.store.postgres import PostgresStore
 from tests.store.conftest import FakeClock
@@ -543,6 +543,43 @@ async def test_tenants_are_isolated(store: Store, history: list[dict[str, Any]])
     await store.set_current_version(a, None)
     current = await store.current_summary(b)
     assert current is not None and current.version == 1
+
+
+async def test_list_conversations_keyset_pages_skip_nothing_that_shares_updated_at(
+    store: Store, clock: FakeClock
+) -> None:
+    # One archive batch stamps many conversations with one time: ties are the rule.
+    clock.advance(10)
+    await store.record_exchanges(
+        [
+            ExchangeRecord(ConversationRef(t, k), [], [("request", {})])
+            for t, k in [("b", "x"), ("a", "z"), ("a", "y"), ("b", "w"), ("a", "\u00e9")]
+        ]
+    )
+    clock.advance(10)
+    await store.append_event(ConversationRef("a", "newest"), "request", {})
+    clock.advance(-30)
+    await store.append_event(ConversationRef("a", "oldest"), "request", {})
+    everything = [(c.tenant, c.key) for c in await store.list_conversations(None, limit=100)]
+    assert everything == [
+        ("a", "newest"),
+        ("a", "y"),
+        ("a", "z"),
+        ("a", "\u00e9"),  # byte order on both backends
+        ("b", "w"),
+        ("b", "x"),
+        ("a", "oldest"),
+    ]
+    for tenant, size in ((None, 1), (None, 2), (None, 3), ("a", 2)):
+        seen: list[tuple[str, str]] = []
+        after: ListPosition | None = None
+        while True:
+            page = await store.list_conversations(tenant, limit=size, after=after)
+            seen += [(c.tenant, c.key) for c in page]
+            if len(page) < size:
+                break
+            after = ListPosition(page[-1].updated_at, page[-1].tenant, page[-1].key)
+        assert seen == [x for x in everything if tenant in (None, x[0])], (tenant, size)
 
 
 async def test_list_conversations_newest_first_and_paged(store: Store, clock: FakeClock) -> None:
