@@ -28,29 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import asyncpg
 
 from proxy.store.base import (
     CompactionRecord,
-    ConversationInfo,
     ConversationRef,
-    Event,
     EventType,
     ExchangeRecord,
-    Layer,
-    ListPosition,
     LoopSummary,
     NewSummary,
     NotFound,
-    Outcome,
-    Store,
     StoreError,
     SummaryVersion,
     pick_matching,
@@ -58,8 +51,19 @@ from proxy.store.base import (
 from proxy.store.pg_boundary import clean_text, json_text, redact, server_settings, translated
 from proxy.store.pg_lock import AdvisoryLocks
 from proxy.store.pg_migrations import migrate
+from proxy.store.sql import (
+    SUMMARY_COLUMNS,
+    SUMMARY_FIELDS,
+    SUMMARY_FROM,
+    SqlStore,
+    numbered,
+    payload_json,
+    summary,
+)
 
 log = logging.getLogger("recap.store")
+
+SUMMARY_FROM_PG = numbered(SUMMARY_FROM)
 
 T = TypeVar("T")
 Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
@@ -67,33 +71,6 @@ Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
 # Transactions the server rolled back whole (40001 serialization, 40P01 deadlock): safe to retry.
 _RETRIES = 3
 _RETRY_OPEN_S = 1.0
-
-
-def _names(record_type: type[Any], prefix: str = "") -> list[str]:
-    """Column names are the record's field names, as in the SQLite store."""
-    return [prefix + f.name for f in dataclasses.fields(record_type)]
-
-
-_SUMMARY_FIELDS = [c for c in _names(SummaryVersion) if c != "current"]
-_SUMMARY_COLUMNS = ", ".join([f"sv.{c}" for c in _SUMMARY_FIELDS] + ["c.current_version"])
-_SUMMARY_FROM = (
-    "FROM summary_versions sv JOIN conversations c ON c.tenant = sv.tenant AND c.key = sv.key"
-    " WHERE sv.tenant = $1 AND sv.key = $2"
-)
-_CONVERSATION_COLUMNS = ", ".join(_names(ConversationInfo))
-_LOOP_COLUMNS = ", ".join(_names(LoopSummary))
-_COMPACTION_COLUMNS = ", ".join(_names(CompactionRecord))
-_EVENT_COLUMNS = "id, type, payload, created_at"
-
-
-def _summary(row: Sequence[Any]) -> SummaryVersion:
-    values = dict(zip(_SUMMARY_FIELDS, row, strict=False))
-    values["rolled_back"] = bool(values["rolled_back"])
-    return SummaryVersion(**values, current=row[-1] == values["version"])
-
-
-def _event(row: Sequence[Any]) -> Event:
-    return Event(row[0], row[1], json.loads(row[2]), row[3])
 
 
 async def _touch(conn: Conn, conv: ConversationRef, now: float) -> None:
@@ -140,7 +117,7 @@ async def _keep_session(conn: Conn) -> None:
     or session locks), so the default reset query would only cost a round trip per call."""
 
 
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     def __init__(
         self,
         url: str,
@@ -285,6 +262,10 @@ class PostgresStore(Store):
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:
         return self._conversation_lock(conv)
 
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
+        async with self.connection() as conn:
+            return list(await conn.fetch(numbered(sql), *params))
+
     @asynccontextmanager
     async def _conversation_lock(self, conv: ConversationRef) -> AsyncIterator[None]:
         _, pool = await self._pools()
@@ -293,36 +274,18 @@ class PostgresStore(Store):
 
     # -- summaries ---------------------------------------------------------------------------
 
-    async def summary_versions(self, conv: ConversationRef) -> list[SummaryVersion]:
-        async with self.connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} ORDER BY sv.version",
-                conv.tenant,
-                conv.key,
-            )
-        return [_summary(r) for r in rows]
-
-    async def current_summary(self, conv: ConversationRef) -> SummaryVersion | None:
-        async with self.connection() as conn:
-            row = await conn.fetchrow(
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} AND sv.version = c.current_version",
-                conv.tenant,
-                conv.key,
-            )
-        return None if row is None else _summary(row)
-
     async def matching_summary(
         self, conv: ConversationRef, boundary_hashes: Sequence[str]
     ) -> SummaryVersion | None:
         # Every candidate's small columns, and the whole row of the current version only:
         # the current version is the usual answer, so one round trip mostly suffices.
         full = ", ".join(
-            f"CASE WHEN sv.version = c.current_version THEN sv.{c} END" for c in _SUMMARY_FIELDS
+            f"CASE WHEN sv.version = c.current_version THEN sv.{c} END" for c in SUMMARY_FIELDS
         )
         async with self.connection() as conn:
             rows = await conn.fetch(
                 f"SELECT sv.version, sv.covered, sv.boundary_hash, {full}, c.current_version"
-                f" {_SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
+                f" {SUMMARY_FROM_PG} AND sv.version <= c.current_version AND sv.rolled_back = 0",
                 conv.tenant,
                 conv.key,
             )
@@ -336,14 +299,14 @@ class PostgresStore(Store):
                 return None
             if chosen == current_version:
                 row = next(r for r in rows if r[0] == chosen)
-                return _summary(list(row)[3:])
+                return summary(list(row)[3:])
             found = await conn.fetchrow(
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} AND sv.version = $3",
+                f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM_PG} AND sv.version = $3",
                 conv.tenant,
                 conv.key,
                 chosen,
             )
-        return None if found is None else _summary(found)
+        return None if found is None else summary(found)
 
     async def add_summary_version(self, conv: ConversationRef, new: NewSummary) -> SummaryVersion:
         now = self._clock()
@@ -432,19 +395,6 @@ class PostgresStore(Store):
 
         await self._write(body)
 
-    async def compactions(self, conv: ConversationRef) -> list[CompactionRecord]:
-        async with self.connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_COMPACTION_COLUMNS} FROM compactions"
-                " WHERE tenant = $1 AND key = $2 ORDER BY id",
-                conv.tenant,
-                conv.key,
-            )
-        return [
-            CompactionRecord(cast(Layer, r[0]), r[1], cast(Outcome, r[2]), *list(r)[3:])
-            for r in rows
-        ]
-
     async def archive_messages(
         self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
     ) -> int:
@@ -509,7 +459,7 @@ class PostgresStore(Store):
         self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]
     ) -> int:
         now = self._clock()
-        text = json_text(json.dumps(dict(payload), ensure_ascii=False))
+        text = payload_json(payload)
 
         async def body(conn: Conn) -> int:
             await _touch(conn, conv, now)
@@ -526,79 +476,7 @@ class PostgresStore(Store):
 
         return await self._write(body)
 
-    async def events(
-        self, conv: ConversationRef, after_id: int = 0, *, page_size: int = 500
-    ) -> AsyncIterator[Event]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        last = after_id
-        while True:
-            # A fresh query per page: no connection is held while the consumer works.
-            async with self.connection() as conn:
-                rows = await conn.fetch(
-                    f"SELECT {_EVENT_COLUMNS} FROM events"
-                    " WHERE tenant = $1 AND key = $2 AND id > $3 ORDER BY id LIMIT $4",
-                    conv.tenant,
-                    conv.key,
-                    last,
-                    page_size,
-                )
-            for row in rows:
-                last = row[0]
-                yield _event(row)
-            if len(rows) < page_size:
-                return
-
-    async def last_event(self, conv: ConversationRef, type: EventType) -> Event | None:
-        async with self.connection() as conn:
-            row = await conn.fetchrow(
-                f"SELECT {_EVENT_COLUMNS} FROM events"
-                " WHERE tenant = $1 AND key = $2 AND type = $3 ORDER BY id DESC LIMIT 1",
-                conv.tenant,
-                conv.key,
-                type,
-            )
-        return None if row is None else _event(row)
-
-    async def iter_archived(
-        self, conv: ConversationRef, *, page_size: int = 500
-    ) -> AsyncIterator[tuple[str, str]]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        last = 0
-        while True:
-            async with self.connection() as conn:
-                rows = await conn.fetch(
-                    "SELECT id, fingerprint, body FROM messages"
-                    " WHERE tenant = $1 AND key = $2 AND id > $3 ORDER BY id LIMIT $4",
-                    conv.tenant,
-                    conv.key,
-                    last,
-                    page_size,
-                )
-            for row_id, fp, body in rows:
-                last = row_id
-                yield fp, body
-            if len(rows) < page_size:
-                return
-
     # -- loop summaries ----------------------------------------------------------------------
-
-    async def get_loop_summary(
-        self, conv: ConversationRef, turn_hash: str, max_rounds: int, now: float
-    ) -> LoopSummary | None:
-        async with self.connection() as conn:
-            row = await conn.fetchrow(
-                f"SELECT {_LOOP_COLUMNS} FROM loop_summaries"
-                " WHERE tenant = $1 AND key = $2 AND turn_hash = $3 AND covered_rounds <= $4"
-                " AND expires_at > $5 ORDER BY covered_rounds DESC LIMIT 1",
-                conv.tenant,
-                conv.key,
-                turn_hash,
-                max_rounds,
-                now,
-            )
-        return None if row is None else LoopSummary(*row)
 
     async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
         now = self._clock()
@@ -627,47 +505,6 @@ class PostgresStore(Store):
         await self._write(body)
 
     # -- conversations and retention ---------------------------------------------------------
-
-    async def list_conversations(
-        self,
-        tenant: str | None,
-        limit: int = 50,
-        before: float | None = None,
-        after: ListPosition | None = None,
-    ) -> list[ConversationInfo]:
-        where: list[str] = []
-        params: list[Any] = []
-        if tenant is not None:
-            params.append(tenant)
-            where.append(f"tenant = ${len(params)}")
-        if before is not None:
-            params.append(before)
-            where.append(f"updated_at < ${len(params)}")
-        if after is not None:
-            params += [after.updated_at, after.tenant, after.key]
-            n = len(params)
-            at, t, k = f"${n - 2}", f"${n - 1}", f"${n}"
-            where.append(
-                f"(updated_at < {at} OR (updated_at = {at} AND (tenant, key) > ({t}, {k})))"
-            )
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
-        params.append(max(0, limit))
-        async with self.connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations{clause}"
-                f" ORDER BY updated_at DESC, tenant, key LIMIT ${len(params)}",
-                *params,
-            )
-        return [ConversationInfo(*r) for r in rows]
-
-    async def get_conversation(self, conv: ConversationRef) -> ConversationInfo | None:
-        async with self.connection() as conn:
-            row = await conn.fetchrow(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE tenant = $1 AND key = $2",
-                conv.tenant,
-                conv.key,
-            )
-        return None if row is None else ConversationInfo(*row)
 
     async def prune(self, older_than: float) -> int:
         pruned = 0
@@ -718,7 +555,7 @@ async def _insert_events(
         conv.tenant,
         conv.key,
         [t for t, _ in events],
-        [json_text(json.dumps(dict(p), ensure_ascii=False)) for _, p in events],
+        [payload_json(p) for _, p in events],
         now,
     )
 

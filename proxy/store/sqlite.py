@@ -30,39 +30,41 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote
 
 import aiosqlite
 
 from proxy.store.base import (
     CompactionRecord,
-    ConversationInfo,
     ConversationRef,
-    Event,
     EventType,
     ExchangeRecord,
     KeyedLocks,
-    Layer,
-    ListPosition,
     LoopSummary,
     NewSummary,
     NotFound,
-    Outcome,
-    Store,
     StoreError,
     SummaryVersion,
     pick_matching,
 )
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import migrate
+from proxy.store.sql import (
+    SUMMARY_COLUMNS,
+    SUMMARY_FROM,
+    SqlStore,
+    fields,
+    payload_json,
+    storable_json,
+    summary,
+)
 from proxy.store.sqlite_faults import (
     DatabaseFile,
     Fault,
@@ -82,60 +84,6 @@ _IN_CHUNK = 900
 
 # While another process holds the write lock, probes wait this long, not busy_timeout.
 _PROBE_BUSY_MS = 50
-
-
-def _names(record_type: type[Any], prefix: str = "") -> list[str]:
-    """Column names are the record's field names, so the two cannot drift apart."""
-    return [prefix + f.name for f in dataclasses.fields(record_type)]
-
-
-def _fields(record: Any) -> dict[str, Any]:
-    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
-
-
-_SUMMARY_FIELDS = [c for c in _names(SummaryVersion) if c != "current"]
-_SUMMARY_COLUMNS = ", ".join([f"sv.{c}" for c in _SUMMARY_FIELDS] + ["c.current_version"])
-_SUMMARY_FROM = (
-    "FROM summary_versions sv JOIN conversations c ON c.tenant = sv.tenant AND c.key = sv.key"
-    " WHERE sv.tenant = ? AND sv.key = ?"
-)
-_CONVERSATION_COLUMNS = ", ".join(_names(ConversationInfo))
-_LOOP_COLUMNS = ", ".join(_names(LoopSummary))
-_COMPACTION_COLUMNS = ", ".join(_names(CompactionRecord))
-
-
-def _payload_json(payload: Mapping[str, Any]) -> str:
-    return json.dumps(dict(payload), ensure_ascii=False)
-
-
-def _storable_json(text: str) -> str:
-    """JSON text SQLite can hold: lone surrogates (valid in JSON escapes) cannot be UTF-8.
-
-    Re-escaping changes the bytes but not the JSON value, and only for such text.
-    """
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(json.loads(text))
-    return text
-
-
-def _summary(row: Sequence[Any]) -> SummaryVersion:
-    # The last column is the conversation's current_version.
-    values = dict(zip(_SUMMARY_FIELDS, row, strict=False))
-    values["rolled_back"] = bool(values["rolled_back"])
-    return SummaryVersion(**values, current=row[-1] == values["version"])
-
-
-def _compaction(row: sqlite3.Row | tuple[Any, ...]) -> CompactionRecord:
-    layer, reason, outcome, *rest = row
-    return CompactionRecord(cast(Layer, layer), reason, cast(Outcome, outcome), *rest)
-
-
-def _conversation(row: sqlite3.Row | tuple[Any, ...]) -> ConversationInfo:
-    return ConversationInfo(*row)
 
 
 async def _touch(db: aiosqlite.Connection, conv: ConversationRef, now: float) -> None:
@@ -172,7 +120,7 @@ async def _all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> lis
     return list(await db.execute_fetchall(sql, params))
 
 
-class SqliteStore(Store):
+class SqliteStore(SqlStore):
     def __init__(
         self,
         path: str,
@@ -413,23 +361,9 @@ class SqliteStore(Store):
         # In-process only: one proxy process owns a SQLite file.
         return self._locks.hold(conv)
 
-    async def summary_versions(self, conv: ConversationRef) -> list[SummaryVersion]:
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
         async with self._read() as db:
-            rows = await _all(
-                db,
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} ORDER BY sv.version",
-                (conv.tenant, conv.key),
-            )
-        return [_summary(r) for r in rows]
-
-    async def current_summary(self, conv: ConversationRef) -> SummaryVersion | None:
-        async with self._read() as db:
-            row = await _one(
-                db,
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} AND sv.version = c.current_version",
-                (conv.tenant, conv.key),
-            )
-        return None if row is None else _summary(row)
+            return await _all(db, sql, params)
 
     async def matching_summary(
         self, conv: ConversationRef, boundary_hashes: Sequence[str]
@@ -448,7 +382,7 @@ class SqliteStore(Store):
             rows = await _all(
                 db,
                 "SELECT sv.version, sv.covered, sv.boundary_hash, c.current_version"
-                f" {_SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
+                f" {SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
                 (conv.tenant, conv.key),
             )
             candidates = [(r[0], r[1], r[2]) for r in rows]
@@ -459,10 +393,10 @@ class SqliteStore(Store):
                 {
                     v.version: v
                     for v in map(
-                        _summary,
+                        summary,
                         await _all(
                             db,
-                            f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM}"
+                            f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM}"
                             f" AND sv.version IN ({', '.join('?' * len(wanted))})",
                             (conv.tenant, conv.key, *wanted),
                         ),
@@ -493,7 +427,7 @@ class SqliteStore(Store):
                 (version, conv.tenant, conv.key),
             )
             row = {
-                **_fields(new),
+                **fields(new),
                 "version": version,
                 "compact_count": compact_count,
                 "created_at": now,
@@ -532,7 +466,7 @@ class SqliteStore(Store):
         saved = max(0, record.tokens_before - record.tokens_after) if record.outcome == "ok" else 0
         async with self._write() as db:
             await _touch(db, conv, now)
-            row = {**_fields(record), "created_at": record.created_at or now}
+            row = {**fields(record), "created_at": record.created_at or now}
             await _insert(db, "compactions", conv, row)
             if saved:
                 await db.execute(
@@ -541,23 +475,13 @@ class SqliteStore(Store):
                     (saved, conv.tenant, conv.key),
                 )
 
-    async def compactions(self, conv: ConversationRef) -> list[CompactionRecord]:
-        async with self._read() as db:
-            rows = await _all(
-                db,
-                f"SELECT {_COMPACTION_COLUMNS} FROM compactions"
-                " WHERE tenant = ? AND key = ? ORDER BY id",
-                (conv.tenant, conv.key),
-            )
-        return [_compaction(r) for r in rows]
-
     async def archive_messages(
         self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
     ) -> int:
         if not messages:
             return 0
         now = self._clock()
-        rows = [(conv.tenant, conv.key, fp, _storable_json(body), now) for fp, body in messages]
+        rows = [(conv.tenant, conv.key, fp, storable_json(body), now) for fp, body in messages]
         async with self._write() as db:
             await _touch(db, conv, now)
             cur = await db.executemany(
@@ -581,7 +505,7 @@ class SqliteStore(Store):
                 conv = item.conversation
                 await _touch(db, conv, now)
                 rows = [
-                    (conv.tenant, conv.key, fp, _storable_json(body), now)
+                    (conv.tenant, conv.key, fp, storable_json(body), now)
                     for fp, body in item.messages
                 ]
                 if rows:
@@ -601,7 +525,7 @@ class SqliteStore(Store):
                         "INSERT INTO request_params (tenant, key, fingerprint, body, first_seen_at)"
                         " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
                         [
-                            (conv.tenant, conv.key, fp, _storable_json(body), now)
+                            (conv.tenant, conv.key, fp, storable_json(body), now)
                             for fp, body in item.params
                         ],
                     )
@@ -609,10 +533,7 @@ class SqliteStore(Store):
                     await db.executemany(
                         "INSERT INTO events (tenant, key, type, payload, created_at)"
                         " VALUES (?, ?, ?, ?, ?)",
-                        [
-                            (conv.tenant, conv.key, t, _storable_json(_payload_json(p)), now)
-                            for t, p in item.events
-                        ],
+                        [(conv.tenant, conv.key, t, payload_json(p), now) for t, p in item.events],
                     )
 
     async def archived_messages(
@@ -648,7 +569,7 @@ class SqliteStore(Store):
         self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]
     ) -> int:
         now = self._clock()
-        text = _storable_json(json.dumps(dict(payload), ensure_ascii=False))
+        text = payload_json(payload)
         async with self._write() as db:
             await _touch(db, conv, now)
             cur = await _insert(
@@ -659,74 +580,6 @@ class SqliteStore(Store):
             raise StoreError("event id not returned")
         return event_id
 
-    async def events(
-        self, conv: ConversationRef, after_id: int = 0, *, page_size: int = 500
-    ) -> AsyncIterator[Event]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        last = after_id
-        while True:
-            # A fresh read per page: the mutex is never held while the consumer works.
-            async with self._read() as db:
-                rows = await _all(
-                    db,
-                    "SELECT id, type, payload, created_at FROM events"
-                    " WHERE tenant = ? AND key = ? AND id > ? ORDER BY id LIMIT ?",
-                    (conv.tenant, conv.key, last, page_size),
-                )
-            for event_id, type_, payload, created_at in rows:
-                last = event_id
-                yield Event(event_id, type_, json.loads(payload), created_at)
-            if len(rows) < page_size:
-                return
-
-    async def last_event(self, conv: ConversationRef, type: EventType) -> Event | None:
-        async with self._read() as db:
-            row = await _one(
-                db,
-                "SELECT id, type, payload, created_at FROM events"
-                " WHERE tenant = ? AND key = ? AND type = ? ORDER BY id DESC LIMIT 1",
-                (conv.tenant, conv.key, type),
-            )
-        if row is None:
-            return None
-        event_id, type_, payload, created_at = row
-        return Event(event_id, type_, json.loads(payload), created_at)
-
-    async def iter_archived(
-        self, conv: ConversationRef, *, page_size: int = 500
-    ) -> AsyncIterator[tuple[str, str]]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        last = 0
-        while True:
-            # A fresh read per page, as in `events`: the consumer may be a slow client.
-            async with self._read() as db:
-                rows = await _all(
-                    db,
-                    "SELECT id, fingerprint, body FROM messages"
-                    " WHERE tenant = ? AND key = ? AND id > ? ORDER BY id LIMIT ?",
-                    (conv.tenant, conv.key, last, page_size),
-                )
-            for row_id, fp, body in rows:
-                last = row_id
-                yield fp, body
-            if len(rows) < page_size:
-                return
-
-    async def get_loop_summary(
-        self, conv: ConversationRef, turn_hash: str, max_rounds: int, now: float
-    ) -> LoopSummary | None:
-        async with self._read() as db:
-            row = await _one(
-                db,
-                f"SELECT {_LOOP_COLUMNS} FROM loop_summaries"
-                " WHERE tenant = ? AND key = ? AND turn_hash = ? AND covered_rounds <= ?"
-                " AND expires_at > ? ORDER BY covered_rounds DESC LIMIT 1",
-                (conv.tenant, conv.key, turn_hash, max_rounds, now),
-            )
-        return None if row is None else LoopSummary(*row)
-
     async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
         now = self._clock()
         async with self._write() as db:
@@ -736,7 +589,7 @@ class SqliteStore(Store):
                 "DELETE FROM loop_summaries WHERE tenant = ? AND key = ? AND expires_at <= ?",
                 (conv.tenant, conv.key, now),
             )
-            row = _fields(s)
+            row = fields(s)
             replace = ", ".join(
                 f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
             )
@@ -747,43 +600,6 @@ class SqliteStore(Store):
                 row,
                 f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
             )
-
-    async def list_conversations(
-        self,
-        tenant: str | None,
-        limit: int = 50,
-        before: float | None = None,
-        after: ListPosition | None = None,
-    ) -> list[ConversationInfo]:
-        where: list[str] = []
-        params: list[Any] = []
-        if tenant is not None:
-            where.append("tenant = ?")
-            params.append(tenant)
-        if before is not None:
-            where.append("updated_at < ?")
-            params.append(before)
-        if after is not None:
-            where.append("(updated_at < ? OR (updated_at = ? AND (tenant, key) > (?, ?)))")
-            params += [after.updated_at, after.updated_at, after.tenant, after.key]
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
-        async with self._read() as db:
-            rows = await _all(
-                db,
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations{clause}"
-                " ORDER BY updated_at DESC, tenant, key LIMIT ?",
-                (*params, max(0, limit)),
-            )
-        return [_conversation(r) for r in rows]
-
-    async def get_conversation(self, conv: ConversationRef) -> ConversationInfo | None:
-        async with self._read() as db:
-            row = await _one(
-                db,
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE tenant = ? AND key = ?",
-                (conv.tenant, conv.key),
-            )
-        return None if row is None else _conversation(row)
 
     async def prune(self, older_than: float) -> int:
         self._summaries.clear()
