@@ -22,12 +22,13 @@ they talk to. What differs is what crossing process boundaries needs:
   on later calls, at most once a second, while those calls fail at once.
 
 Errors become `StoreError` and text is made storable at one boundary (`pg_boundary.py`).
+The reads and most writes are shared with SQLite (`sql.py`); this module is the driver
+under them and what only PostgreSQL needs: pools, advisory locks, bulk statements.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -37,13 +38,9 @@ from typing import Any, TypeVar
 import asyncpg
 
 from proxy.store.base import (
-    CompactionRecord,
     ConversationRef,
     EventType,
     ExchangeRecord,
-    LoopSummary,
-    NewSummary,
-    NotFound,
     StoreError,
     SummaryVersion,
     pick_matching,
@@ -56,9 +53,11 @@ from proxy.store.sql import (
     SUMMARY_FIELDS,
     SUMMARY_FROM,
     SqlStore,
+    Tx,
     numbered,
     payload_json,
     summary,
+    touch,
 )
 
 log = logging.getLogger("recap.store")
@@ -71,20 +70,6 @@ Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
 # Transactions the server rolled back whole (40001 serialization, 40P01 deadlock): safe to retry.
 _RETRIES = 3
 _RETRY_OPEN_S = 1.0
-
-
-async def _touch(conn: Conn, conv: ConversationRef, now: float) -> None:
-    """Create the conversation on first write; every write counts as activity (prune, lists).
-
-    Also takes the conversation row's lock for the rest of the transaction.
-    """
-    await conn.execute(
-        "INSERT INTO conversations (tenant, key, created_at, updated_at) VALUES ($1, $2, $3, $3)"
-        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at",
-        conv.tenant,
-        conv.key,
-        now,
-    )
 
 
 async def _insert_messages(
@@ -110,6 +95,19 @@ async def _insert_messages(
         now,
     )
     return added or 0
+
+
+class _Tx:
+    """The shared writes' view of an open PostgreSQL transaction."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    async def execute(self, sql: str, params: Sequence[Any]) -> None:
+        await self.conn.execute(numbered(sql), *params)
+
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
+        return list(await self.conn.fetch(numbered(sql), *params))
 
 
 async def _keep_session(conn: Conn) -> None:
@@ -266,6 +264,12 @@ class PostgresStore(SqlStore):
         async with self.connection() as conn:
             return list(await conn.fetch(numbered(sql), *params))
 
+    async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        return await self._write(lambda conn: body(_Tx(conn)))
+
+    def _text(self, value: Any) -> Any:
+        return clean_text(value)
+
     @asynccontextmanager
     async def _conversation_lock(self, conv: ConversationRef) -> AsyncIterator[None]:
         _, pool = await self._pools()
@@ -308,92 +312,7 @@ class PostgresStore(SqlStore):
             )
         return None if found is None else summary(found)
 
-    async def add_summary_version(self, conv: ConversationRef, new: NewSummary) -> SummaryVersion:
-        now = self._clock()
-
-        async def body(conn: Conn) -> SummaryVersion:
-            await _touch(conn, conv, now)  # holds the conversation row: numbering is serial
-            # MAX + 1, not current + 1: after a rollback the later numbers stay taken.
-            version = await conn.fetchval(
-                "SELECT COALESCE(MAX(version), 0) + 1 FROM summary_versions"
-                " WHERE tenant = $1 AND key = $2",
-                conv.tenant,
-                conv.key,
-            )
-            compact_count = await conn.fetchval(
-                "UPDATE conversations SET current_version = $3, compact_count = compact_count + 1"
-                " WHERE tenant = $1 AND key = $2 RETURNING compact_count",
-                conv.tenant,
-                conv.key,
-                version,
-            )
-            row = {
-                **{f.name: clean_text(getattr(new, f.name)) for f in dataclasses.fields(new)},
-                "version": version,
-                "compact_count": compact_count,
-                "created_at": now,
-                "updated_at": now,
-            }
-            await _insert(conn, "summary_versions", conv, row)
-            return SummaryVersion(**row, current=True)
-
-        return await self._write(body)
-
-    async def set_current_version(self, conv: ConversationRef, version: int | None) -> None:
-        now = self._clock()
-
-        async def body(conn: Conn) -> None:
-            if version is not None:
-                found = await conn.fetchval(
-                    "SELECT 1 FROM summary_versions WHERE tenant = $1 AND key = $2"
-                    " AND version = $3",
-                    conv.tenant,
-                    conv.key,
-                    version,
-                )
-                if found is None:
-                    raise NotFound(f"no summary version {version}")
-            updated = await conn.fetchval(
-                "UPDATE conversations SET current_version = $3, updated_at = $4"
-                " WHERE tenant = $1 AND key = $2 RETURNING 1",
-                conv.tenant,
-                conv.key,
-                version,
-                now,
-            )
-            if updated is None:
-                raise NotFound("no such conversation")
-            await conn.execute(
-                "UPDATE summary_versions SET rolled_back = CASE WHEN version > $3 THEN 1"
-                " WHEN version = $3 THEN 0 ELSE rolled_back END WHERE tenant = $1 AND key = $2",
-                conv.tenant,
-                conv.key,
-                version or 0,
-            )
-
-        await self._write(body)
-
     # -- audit and archive -----------------------------------------------------------------
-
-    async def record_compaction(self, conv: ConversationRef, record: CompactionRecord) -> None:
-        now = self._clock()
-        saved = max(0, record.tokens_before - record.tokens_after) if record.outcome == "ok" else 0
-
-        async def body(conn: Conn) -> None:
-            await _touch(conn, conv, now)
-            row = {f.name: clean_text(getattr(record, f.name)) for f in dataclasses.fields(record)}
-            row["created_at"] = record.created_at or now
-            await _insert(conn, "compactions", conv, row)
-            if saved:
-                await conn.execute(
-                    "UPDATE conversations SET tokens_saved = tokens_saved + $3"
-                    " WHERE tenant = $1 AND key = $2",
-                    conv.tenant,
-                    conv.key,
-                    saved,
-                )
-
-        await self._write(body)
 
     async def archive_messages(
         self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
@@ -403,7 +322,7 @@ class PostgresStore(SqlStore):
         now = self._clock()
 
         async def body(conn: Conn) -> int:
-            await _touch(conn, conv, now)
+            await touch(_Tx(conn), conv, now)
             return await _insert_messages(conn, conv, messages, now)
 
         return await self._write(body)
@@ -419,7 +338,7 @@ class PostgresStore(SqlStore):
         async def body(conn: Conn) -> None:
             for item in ordered:
                 conv = item.conversation
-                await _touch(conn, conv, now)
+                await touch(_Tx(conn), conv, now)
                 if item.messages:
                     await _insert_messages(conn, conv, item.messages, now)
                 if item.params:
@@ -455,54 +374,7 @@ class PostgresStore(SqlStore):
                 )
         return {fp: body for fp, body in rows}
 
-    async def append_event(
-        self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]
-    ) -> int:
-        now = self._clock()
-        text = payload_json(payload)
-
-        async def body(conn: Conn) -> int:
-            await _touch(conn, conv, now)
-            event_id: int = await conn.fetchval(
-                "INSERT INTO events (tenant, key, type, payload, created_at)"
-                " VALUES ($1, $2, $3, $4, $5) RETURNING id",
-                conv.tenant,
-                conv.key,
-                type,
-                text,
-                now,
-            )
-            return event_id
-
-        return await self._write(body)
-
     # -- loop summaries ----------------------------------------------------------------------
-
-    async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
-        now = self._clock()
-
-        async def body(conn: Conn) -> None:
-            await _touch(conn, conv, now)
-            # Expired working memory is useless; dropping it here keeps the table small.
-            await conn.execute(
-                "DELETE FROM loop_summaries WHERE tenant = $1 AND key = $2 AND expires_at <= $3",
-                conv.tenant,
-                conv.key,
-                now,
-            )
-            row = {f.name: clean_text(getattr(s, f.name)) for f in dataclasses.fields(s)}
-            replace = ", ".join(
-                f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
-            )
-            await _insert(
-                conn,
-                "loop_summaries",
-                conv,
-                row,
-                f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
-            )
-
-        await self._write(body)
 
     # -- conversations and retention ---------------------------------------------------------
 
@@ -526,19 +398,6 @@ class PostgresStore(SqlStore):
             pruned += deleted
             if deleted == 0:
                 return pruned
-
-
-async def _insert(
-    conn: Conn, table: str, conv: ConversationRef, values: Mapping[str, Any], suffix: str = ""
-) -> None:
-    columns = ["tenant", "key", *values]
-    marks = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
-    await conn.execute(
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){suffix}",
-        conv.tenant,
-        conv.key,
-        *values.values(),
-    )
 
 
 async def _insert_events(

@@ -2,15 +2,17 @@
 
 Sits between the store interface (`base.py`) and the two drivers (`sqlite.py`,
 `postgres.py`). Queries are written here once, with `?` placeholders; a backend runs
-them through its one small seam, `_fetch(sql, params)`, which the SQLite store answers
-under its mutex and fault gate, and the PostgreSQL store on a pooled connection after
-`numbered()` turned the marks into `$1, $2, ...`. Column lists are the record types'
+them through a small seam of two calls: `_fetch(sql, params)` for one read, and
+`_transact(body)` for one write transaction whose `body` talks to a `Tx`. The SQLite
+store answers both under its mutex and fault gate; the PostgreSQL store on a pooled
+connection after `numbered()` turned the marks into `$1, $2, ...`, retrying a
+transaction the server rolled back. Column lists are the record types'
 field names, so records and tables cannot drift apart (`tests/store/test_schema.py`
 checks the two schema definitions give the same tables and columns).
 
 What is a backend's own stays there: SQLite its mutex, fault gate, summary cache and
-chunked IN lists; PostgreSQL its pools, advisory locks and bulk (unnest) statements;
-each its write transactions.
+chunked IN lists; PostgreSQL its pools, advisory locks and bulk (unnest) statements
+(archive writes, prune, summary matching); each its transactions.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 from proxy.store.base import (
     CompactionRecord,
@@ -30,10 +32,23 @@ from proxy.store.base import (
     Layer,
     ListPosition,
     LoopSummary,
+    NewSummary,
+    NotFound,
     Outcome,
     Store,
+    StoreError,
     SummaryVersion,
 )
+
+T = TypeVar("T")
+
+
+class Tx(Protocol):
+    """One open write transaction of a backend (`?` marks)."""
+
+    async def execute(self, sql: str, params: Sequence[Any]) -> None: ...
+
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]: ...
 
 
 def names(record_type: type[Any], prefix: str = "") -> list[str]:
@@ -110,11 +125,24 @@ def storable_json(text: str) -> str:
 
 
 class SqlStore(Store):
-    """The reads every SQL backend answers alike, over `_fetch`."""
+    """The reads and writes every SQL backend answers alike, over `_fetch` and `_transact`."""
+
+    _clock: Callable[[], float]
 
     @abc.abstractmethod
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
         """Run one read (`?` marks) as its own call; StoreError on any failure."""
+
+    @abc.abstractmethod
+    async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run `body` in one write transaction: all of its statements, or none."""
+
+    def _text(self, value: Any) -> Any:
+        """Free text as the backend can hold it (PostgreSQL: no NUL, no lone surrogate)."""
+        return value
+
+    def _forget(self, conv: ConversationRef) -> None:
+        """A change to `conv`'s summary versions is about to be made (drop any cache)."""
 
     async def _fetch_one(self, sql: str, params: Sequence[Any]) -> Sequence[Any] | None:
         rows = await self._fetch(sql, params)
@@ -231,3 +259,144 @@ class SqlStore(Store):
             (conv.tenant, conv.key),
         )
         return None if row is None else conversation(row)
+
+    # -- the writes ----------------------------------------------------------------------------
+
+    async def add_summary_version(self, conv: ConversationRef, new: NewSummary) -> SummaryVersion:
+        self._forget(conv)
+        now = self._clock()
+
+        async def body(tx: Tx) -> SummaryVersion:
+            await touch(tx, conv, now)  # holds the conversation row: numbering is serial
+            # MAX + 1, not current + 1: after a rollback the later numbers stay taken.
+            ((version,),) = await tx.fetch(
+                "SELECT COALESCE(MAX(version), 0) + 1 FROM summary_versions"
+                " WHERE tenant = ? AND key = ?",
+                (conv.tenant, conv.key),
+            )
+            ((compact_count,),) = await tx.fetch(
+                "UPDATE conversations SET current_version = ?, compact_count = compact_count + 1"
+                " WHERE tenant = ? AND key = ? RETURNING compact_count",
+                (version, conv.tenant, conv.key),
+            )
+            row = {
+                **{k: self._text(v) for k, v in fields(new).items()},
+                "version": version,
+                "compact_count": compact_count,
+                "created_at": now,
+                "updated_at": now,
+            }
+            await insert(tx, "summary_versions", conv, row)
+            return SummaryVersion(**row, current=True)
+
+        return await self._transact(body)
+
+    async def set_current_version(self, conv: ConversationRef, version: int | None) -> None:
+        self._forget(conv)
+        now = self._clock()
+
+        async def body(tx: Tx) -> None:
+            if version is not None:
+                found = await tx.fetch(
+                    "SELECT 1 FROM summary_versions WHERE tenant = ? AND key = ? AND version = ?",
+                    (conv.tenant, conv.key, version),
+                )
+                if not found:
+                    raise NotFound(f"no summary version {version}")
+            updated = await tx.fetch(
+                "UPDATE conversations SET current_version = ?, updated_at = ?"
+                " WHERE tenant = ? AND key = ? RETURNING 1",
+                (version, now, conv.tenant, conv.key),
+            )
+            if not updated:
+                raise NotFound("no such conversation")
+            # Rolled back past: never matched again (see Store.set_current_version).
+            await tx.execute(
+                "UPDATE summary_versions SET rolled_back = CASE WHEN version > ? THEN 1"
+                " WHEN version = ? THEN 0 ELSE rolled_back END WHERE tenant = ? AND key = ?",
+                (version or 0, version or 0, conv.tenant, conv.key),
+            )
+
+        await self._transact(body)
+
+    async def record_compaction(self, conv: ConversationRef, record: CompactionRecord) -> None:
+        now = self._clock()
+        saved = max(0, record.tokens_before - record.tokens_after) if record.outcome == "ok" else 0
+
+        async def body(tx: Tx) -> None:
+            await touch(tx, conv, now)
+            row = {k: self._text(v) for k, v in fields(record).items()}
+            row["created_at"] = record.created_at or now
+            await insert(tx, "compactions", conv, row)
+            if saved:
+                await tx.execute(
+                    "UPDATE conversations SET tokens_saved = tokens_saved + ?"
+                    " WHERE tenant = ? AND key = ?",
+                    (saved, conv.tenant, conv.key),
+                )
+
+        await self._transact(body)
+
+    async def append_event(
+        self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]
+    ) -> int:
+        now = self._clock()
+        text = payload_json(payload)
+
+        async def body(tx: Tx) -> int:
+            await touch(tx, conv, now)
+            rows = await tx.fetch(
+                "INSERT INTO events (tenant, key, type, payload, created_at)"
+                " VALUES (?, ?, ?, ?, ?) RETURNING id",
+                (conv.tenant, conv.key, type, text, now),
+            )
+            if not rows:
+                raise StoreError("event id not returned")
+            return int(rows[0][0])
+
+        return await self._transact(body)
+
+    async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
+        now = self._clock()
+
+        async def body(tx: Tx) -> None:
+            await touch(tx, conv, now)
+            # Expired working memory is useless; dropping it here keeps the table small.
+            await tx.execute(
+                "DELETE FROM loop_summaries WHERE tenant = ? AND key = ? AND expires_at <= ?",
+                (conv.tenant, conv.key, now),
+            )
+            row = {k: self._text(v) for k, v in fields(s).items()}
+            replace = ", ".join(
+                f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
+            )
+            await insert(
+                tx,
+                "loop_summaries",
+                conv,
+                row,
+                f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
+            )
+
+        await self._transact(body)
+
+
+async def touch(tx: Tx, conv: ConversationRef, now: float) -> None:
+    """Create the conversation on first write; every write counts as activity (prune,
+    lists). On PostgreSQL this also takes the conversation row's lock until commit."""
+    await tx.execute(
+        "INSERT INTO conversations (tenant, key, created_at, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at",
+        (conv.tenant, conv.key, now, now),
+    )
+
+
+async def insert(
+    tx: Tx, table: str, conv: ConversationRef, values: Mapping[str, Any], suffix: str = ""
+) -> None:
+    columns = ["tenant", "key", *values]
+    marks = ", ".join("?" * len(columns))
+    await tx.execute(
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){suffix}",
+        (conv.tenant, conv.key, *values.values()),
+    )

@@ -1,5 +1,9 @@
 """SQLite implementation of the store (aiosqlite, one connection per process).
 
+The reads and most writes are shared with PostgreSQL (`sql.py`); this module is the
+SQLite driver under them (`_fetch`, `_transact`) and what only SQLite needs: the
+mutex, the fault gate and file checks, the summary cache, chunked IN lists.
+
 The default backend: the app opens it in its lifespan and every stage that reads
 or writes stored state goes through it. One connection, so a per-instance
 asyncio mutex keeps each transaction (and each read) whole: without it, one
@@ -34,22 +38,17 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiosqlite
 
 from proxy.store.base import (
-    CompactionRecord,
     ConversationRef,
-    EventType,
     ExchangeRecord,
     KeyedLocks,
-    LoopSummary,
-    NewSummary,
-    NotFound,
     StoreError,
     SummaryVersion,
     pick_matching,
@@ -60,10 +59,11 @@ from proxy.store.sql import (
     SUMMARY_COLUMNS,
     SUMMARY_FROM,
     SqlStore,
-    fields,
+    Tx,
     payload_json,
     storable_json,
     summary,
+    touch,
 )
 from proxy.store.sqlite_faults import (
     DatabaseFile,
@@ -78,6 +78,8 @@ from proxy.store.sqlite_faults import (
 
 log = logging.getLogger("recap.store")
 
+T = TypeVar("T")
+
 MEMORY = ":memory:"
 # Below SQLite's smallest host-parameter limit (999), leaving room for tenant and key.
 _IN_CHUNK = 900
@@ -86,28 +88,17 @@ _IN_CHUNK = 900
 _PROBE_BUSY_MS = 50
 
 
-async def _touch(db: aiosqlite.Connection, conv: ConversationRef, now: float) -> None:
-    """Create the conversation on first write; every write counts as activity (prune, lists)."""
-    await db.execute(
-        "INSERT INTO conversations (tenant, key, created_at, updated_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at",
-        (conv.tenant, conv.key, now, now),
-    )
+class _Tx:
+    """The shared writes' view of an open SQLite transaction."""
 
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self.db = db
 
-async def _insert(
-    db: aiosqlite.Connection,
-    table: str,
-    conv: ConversationRef,
-    values: Mapping[str, Any],
-    suffix: str = "",
-) -> aiosqlite.Cursor:
-    columns = ["tenant", "key", *values]
-    marks = ", ".join("?" * len(columns))
-    return await db.execute(
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){suffix}",
-        (conv.tenant, conv.key, *values.values()),
-    )
+    async def execute(self, sql: str, params: Sequence[Any]) -> None:
+        await self.db.execute(sql, params)
+
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
+        return await _all(self.db, sql, params)
 
 
 async def _one(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> Any:
@@ -365,6 +356,13 @@ class SqliteStore(SqlStore):
         async with self._read() as db:
             return await _all(db, sql, params)
 
+    async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        async with self._write() as db:
+            return await body(_Tx(db))
+
+    def _forget(self, conv: ConversationRef) -> None:
+        self._summaries.drop(conv)
+
     async def matching_summary(
         self, conv: ConversationRef, boundary_hashes: Sequence[str]
     ) -> SummaryVersion | None:
@@ -408,73 +406,6 @@ class SqliteStore(SqlStore):
         self._summaries.put(conv, candidates, found.get(current_version))
         return found.get(chosen) if chosen else None
 
-    async def add_summary_version(self, conv: ConversationRef, new: NewSummary) -> SummaryVersion:
-        self._summaries.drop(conv)
-        now = self._clock()
-        async with self._write() as db:
-            await _touch(db, conv, now)
-            # MAX + 1, not current + 1: after a rollback the later numbers stay taken.
-            (version,) = await _one(
-                db,
-                "SELECT COALESCE(MAX(version), 0) + 1 FROM summary_versions"
-                " WHERE tenant = ? AND key = ?",
-                (conv.tenant, conv.key),
-            )
-            (compact_count,) = await _one(
-                db,
-                "UPDATE conversations SET current_version = ?, compact_count = compact_count + 1"
-                " WHERE tenant = ? AND key = ? RETURNING compact_count",
-                (version, conv.tenant, conv.key),
-            )
-            row = {
-                **fields(new),
-                "version": version,
-                "compact_count": compact_count,
-                "created_at": now,
-                "updated_at": now,
-            }
-            await _insert(db, "summary_versions", conv, row)
-        return SummaryVersion(**row, current=True)
-
-    async def set_current_version(self, conv: ConversationRef, version: int | None) -> None:
-        self._summaries.drop(conv)
-        now = self._clock()
-        async with self._write() as db:
-            if version is not None:
-                found = await _one(
-                    db,
-                    "SELECT 1 FROM summary_versions WHERE tenant = ? AND key = ? AND version = ?",
-                    (conv.tenant, conv.key, version),
-                )
-                if found is None:
-                    raise NotFound(f"no summary version {version}")
-            cur = await db.execute(
-                "UPDATE conversations SET current_version = ?, updated_at = ?"
-                " WHERE tenant = ? AND key = ?",
-                (version, now, conv.tenant, conv.key),
-            )
-            if cur.rowcount == 0:
-                raise NotFound("no such conversation")
-            await db.execute(
-                "UPDATE summary_versions SET rolled_back = CASE WHEN version > ? THEN 1"
-                " WHEN version = ? THEN 0 ELSE rolled_back END WHERE tenant = ? AND key = ?",
-                (version or 0, version or 0, conv.tenant, conv.key),
-            )
-
-    async def record_compaction(self, conv: ConversationRef, record: CompactionRecord) -> None:
-        now = self._clock()
-        saved = max(0, record.tokens_before - record.tokens_after) if record.outcome == "ok" else 0
-        async with self._write() as db:
-            await _touch(db, conv, now)
-            row = {**fields(record), "created_at": record.created_at or now}
-            await _insert(db, "compactions", conv, row)
-            if saved:
-                await db.execute(
-                    "UPDATE conversations SET tokens_saved = tokens_saved + ?"
-                    " WHERE tenant = ? AND key = ?",
-                    (saved, conv.tenant, conv.key),
-                )
-
     async def archive_messages(
         self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
     ) -> int:
@@ -483,7 +414,7 @@ class SqliteStore(SqlStore):
         now = self._clock()
         rows = [(conv.tenant, conv.key, fp, storable_json(body), now) for fp, body in messages]
         async with self._write() as db:
-            await _touch(db, conv, now)
+            await touch(_Tx(db), conv, now)
             cur = await db.executemany(
                 "INSERT INTO messages (tenant, key, fingerprint, body, first_seen_at)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
@@ -503,7 +434,7 @@ class SqliteStore(SqlStore):
         async with self._write() as db:
             for item in items:
                 conv = item.conversation
-                await _touch(db, conv, now)
+                await touch(_Tx(db), conv, now)
                 rows = [
                     (conv.tenant, conv.key, fp, storable_json(body), now)
                     for fp, body in item.messages
@@ -564,42 +495,6 @@ class SqliteStore(SqlStore):
                     )
         found.sort()
         return {fp: body for _, fp, body in found}
-
-    async def append_event(
-        self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]
-    ) -> int:
-        now = self._clock()
-        text = payload_json(payload)
-        async with self._write() as db:
-            await _touch(db, conv, now)
-            cur = await _insert(
-                db, "events", conv, {"type": type, "payload": text, "created_at": now}
-            )
-            event_id = cur.lastrowid
-        if event_id is None:
-            raise StoreError("event id not returned")
-        return event_id
-
-    async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
-        now = self._clock()
-        async with self._write() as db:
-            await _touch(db, conv, now)
-            # Expired working memory is useless; dropping it here keeps the table small.
-            await db.execute(
-                "DELETE FROM loop_summaries WHERE tenant = ? AND key = ? AND expires_at <= ?",
-                (conv.tenant, conv.key, now),
-            )
-            row = fields(s)
-            replace = ", ".join(
-                f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
-            )
-            await _insert(
-                db,
-                "loop_summaries",
-                conv,
-                row,
-                f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
-            )
 
     async def prune(self, older_than: float) -> int:
         self._summaries.clear()
