@@ -48,12 +48,16 @@ def message_json(message: Message) -> str:
 def request_params(body: Mapping[str, Any]) -> tuple[str, str]:
     """(fingerprint, JSON) of a request's fields other than its messages: model, tools,
     sampling, response_format, ... With the messages, they rebuild the request as sent:
-    `{**params, "messages": [...]}`. The hash is over canonical JSON (keys sorted) with
-    its own prefix, so it never equals a message's fingerprint in the archived index."""
-    params = {k: v for k, v in body.items() if k != "messages"}
-    canonical = json.dumps(params, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    digest = hashlib.sha256(b"recap-params\n" + canonical.encode("utf-8", "surrogatepass"))
-    return digest.hexdigest(), message_json(params)
+    `{**params, "messages": [...]}`.
+
+    One dump serves as both the stored text and what is hashed (in the client's key
+    order, which a client keeps from request to request: a reordering only stores the
+    same fields once more). The hash has its own prefix, so it never equals a message's
+    fingerprint in the archived index.
+    """
+    text = message_json({k: v for k, v in body.items() if k != "messages"})
+    digest = hashlib.sha256(b"recap-params\n" + text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest(), text
 
 
 class Archiver:
