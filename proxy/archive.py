@@ -8,8 +8,10 @@
                             compact (seed 002 §5.5)
     after the response      queued for the background writer: the originals still
                             unwritten, the synthetic messages sent (summaries,
-                            placeholders), and the `request`, `trim` and `response` events;
-                            the writer puts everything queued into one transaction
+                            placeholders), the request's other fields (model, tools,
+                            sampling, ...: `request_params`, each distinct set once), and
+                            the `request`, `trim` and `response` events; the writer puts
+                            everything queued into one transaction
 
 So a request that compacts nothing costs no write on its way upstream, and under
 load many requests share one write. Event
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
@@ -40,6 +43,21 @@ log = logging.getLogger("recap.archive")
 
 def message_json(message: Message) -> str:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+
+
+def request_params(body: Mapping[str, Any]) -> tuple[str, str]:
+    """(fingerprint, JSON) of a request's fields other than its messages: model, tools,
+    sampling, response_format, ... With the messages, they rebuild the request as sent:
+    `{**params, "messages": [...]}`.
+
+    One dump serves as both the stored text and what is hashed (in the client's key
+    order, which a client keeps from request to request: a reordering only stores the
+    same fields once more). The hash has its own prefix, so it never equals a message's
+    fingerprint in the archived index.
+    """
+    text = message_json({k: v for k, v in body.items() if k != "messages"})
+    digest = hashlib.sha256(b"recap-params\n" + text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest(), text
 
 
 class Archiver:
@@ -91,6 +109,8 @@ class Archiver:
         sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
         if ex.changed:
             rows += self.missing(conv, sent, ex.messages)
+        params_fp, params_json = request_params(ex.body)
+        params = [] if params_fp in self._known.known(conv) else [(params_fp, params_json)]
         events: list[tuple[EventType, Mapping[str, Any]]] = [
             (
                 "request",
@@ -100,6 +120,8 @@ class Archiver:
                     "model": ex.model,
                     "stream": ex.stream,
                     "messages": ex.fingerprints,
+                    # the request's other fields, archived once (`request_params`)
+                    "params": params_fp,
                     # null: sent exactly as the client sent it (no second copy of the list)
                     "sent": sent if ex.changed else None,
                     "layers": ex.layers,
@@ -123,7 +145,7 @@ class Archiver:
         if answer is not None:
             events.append(("response", {"request_id": ex.request_id, **answer}))
 
-        self._queue.append(ExchangeRecord(conv, rows, events))
+        self._queue.append(ExchangeRecord(conv, rows, events, params))
         self._wake.set()
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_queued())
@@ -156,7 +178,7 @@ class Archiver:
                     log.warning("archive writes resumed")
                     self._failing = False
                 for record in batch:
-                    self._remember(record.conversation, record.messages)
+                    self._remember(record.conversation, [*record.messages, *record.params])
                 del self._queue[: len(batch)]
 
     async def _store_works(self) -> bool:
@@ -173,10 +195,10 @@ class Archiver:
             except StoreError as exc:
                 log.warning("archive record dropped, the store cannot hold it: %s", exc)
             else:
-                self._remember(record.conversation, record.messages)
+                self._remember(record.conversation, [*record.messages, *record.params])
 
     def _bound_queue(self) -> None:
-        sizes = [sum(len(body) for _, body in r.messages) + 512 for r in self._queue]
+        sizes = [sum(len(body) for _, body in (*r.messages, *r.params)) + 512 for r in self._queue]
         total, dropped = sum(sizes), 0
         while total > self.max_queued_bytes and dropped < len(sizes):
             total -= sizes[dropped]

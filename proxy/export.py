@@ -6,13 +6,20 @@ by `recap export`. Lines, in this order:
     {"type": "conversation", "format": "recap-archive/1", "tenant", "key", ...}
     {"type": "message", "fingerprint": FP, "message": {...}}      every archived message,
                                                                    once, in archive order
+    {"type": "params", "fingerprint": FP, "params": {...}}        every distinct set of a
+                                                                   request's other fields
     {"type": EVENT, "id": N, "created_at": T, "payload": {...}}   every event, in order
     {"type": "summary", "version": N, "summary": "...", ...}      every summary version
-    {"type": "end", "messages": M, "events": E, "summaries": S}   the export is complete
+    {"type": "end", "messages": M, "params": P, "events": E, "summaries": S}
+                                                                   the export is complete
 
 Events name messages by fingerprint; since every message precedes every event, a
-reader can resolve them as it goes. Nothing is held in memory beyond one page of
-the store: a conversation of any size streams.
+reader can resolve them as it goes. A `request` event's payload names its messages
+(`messages`: as the client sent them; `sent`: as forwarded, null when unchanged) and
+its other fields (`params`), so the request is rebuilt exactly as
+`{**params, "messages": [message of each fingerprint]}`. Nothing is held in memory
+beyond one page of the store (and the conversation's distinct request parameters): a
+conversation of any size streams.
 """
 
 from __future__ import annotations
@@ -32,12 +39,12 @@ def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-def _message_line(fp: str, body: str) -> str:
+def _message_line(fp: str, body: str, kind: str = "message") -> str:
     # The stored JSON is embedded as is (it is compact JSON with no raw newline), so
     # the message comes out byte for byte as archived, without a parse and re-dump.
     if "\n" in body:
         body = json.dumps(json.loads(body), ensure_ascii=False, separators=(",", ":"))
-    return f'{{"type":"message","fingerprint":{json.dumps(fp)},"message":{body}}}\n'
+    return f'{{"type":"{kind}","fingerprint":{json.dumps(fp)},"{kind}":{body}}}\n'
 
 
 async def export_lines(store: Store, conv: ConversationRef) -> AsyncGenerator[str, None]:
@@ -59,11 +66,14 @@ async def export_lines(store: Store, conv: ConversationRef) -> AsyncGenerator[st
             "current_version": info.current_version,
         }
     )
-    counts = {"messages": 0, "events": 0, "summaries": 0}
+    counts = {"messages": 0, "params": 0, "events": 0, "summaries": 0}
     try:
         async for fp, body in store.iter_archived(conv):
             counts["messages"] += 1
             yield _message_line(fp, body)
+        for fp, body in (await store.archived_params(conv)).items():
+            counts["params"] += 1
+            yield _message_line(fp, body, "params")
         async for event in store.events(conv):
             counts["events"] += 1
             yield _line(

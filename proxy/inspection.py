@@ -8,6 +8,8 @@ the routes' job. Results are plain JSON-ready dicts, rendered by the caller.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -18,6 +20,7 @@ from proxy.store.base import (
     CompactionRecord,
     ConversationInfo,
     ConversationRef,
+    ListPosition,
     Store,
     SummaryVersion,
 )
@@ -54,20 +57,57 @@ async def require(store: Store, conv: ConversationRef) -> ConversationInfo:
 
 
 async def list_page(
-    store: Store, tenant: str | None, limit: int, before: float | None
+    store: Store,
+    tenant: str | None,
+    limit: int,
+    before: float | None = None,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
-    """One page, newest first; `next_before` continues from the last row of this page."""
+    """One page, newest first (then by tenant and key).
+
+    `next_cursor` continues exactly after the last row of this page, also when several
+    conversations share its updated_at; pass it back as `cursor`. `before` (and
+    `next_before`, kept for older callers) pages by time alone, which skips the rest of
+    a page's last updated_at.
+    """
     if not 1 <= limit <= MAX_PAGE:
         raise BadRequest(f"limit must be between 1 and {MAX_PAGE}", "limit")
-    rows = await store.list_conversations(tenant, limit + 1, before)
+    after = parse_cursor(cursor) if cursor else None
+    rows = await store.list_conversations(tenant, limit + 1, before, after)
     page = rows[:limit]
     more = len(rows) > limit
+    last = page[-1] if more and page else None
     return {
         "object": "list",
         "data": [conversation_json(c) for c in page],
         "has_more": more,
-        "next_before": page[-1].updated_at if more and page else None,
+        "next_cursor": make_cursor(last) if last else None,
+        "next_before": last.updated_at if last else None,
     }
+
+
+def make_cursor(info: ConversationInfo) -> str:
+    """An opaque position after `info` in the listing order."""
+    raw = json.dumps([info.updated_at, info.tenant, info.key], ensure_ascii=False)
+    return base64.urlsafe_b64encode(raw.encode("utf-8", "surrogatepass")).decode().rstrip("=")
+
+
+def parse_cursor(cursor: str) -> ListPosition:
+    """The position a `next_cursor` names; 400 for anything this proxy did not make."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        updated_at, tenant, key = json.loads(raw.decode("utf-8", "surrogatepass"))
+    except (ValueError, TypeError, binascii.Error):
+        raise BadRequest("cursor must be a next_cursor from a listing", "cursor") from None
+    valid = (
+        isinstance(updated_at, int | float)
+        and not isinstance(updated_at, bool)
+        and isinstance(tenant, str)
+        and isinstance(key, str)
+    )
+    if not valid:
+        raise BadRequest("cursor must be a next_cursor from a listing", "cursor")
+    return ListPosition(float(updated_at), tenant, key)
 
 
 async def detail(store: Store, conv: ConversationRef) -> dict[str, Any]:

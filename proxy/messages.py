@@ -17,10 +17,6 @@ Message = Mapping[str, Any]
 
 PINNED_ROLES = frozenset({"system", "developer"})
 
-# Fields that make up a message's identity; anything else (e.g. vendor extras such
-# as `reasoning_content`) does not change what the conversation said.
-_IDENTITY_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call")
-
 
 class Classification(enum.StrEnum):
     TURN_START = "turn_start"
@@ -68,9 +64,11 @@ def json_bytes(value: Any, separators: tuple[str, str] | None = None) -> bytes:
 
 
 def fingerprint(message: Message) -> str:
-    """A canonical hash of what the message says (stable across key order and spacing)."""
-    identity = {k: message[k] for k in _IDENTITY_FIELDS if message.get(k) is not None}
-    canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """A canonical hash of the whole message: every field the client sent (`refusal`,
+    `audio`, `reasoning_content`, vendor extras, explicit nulls), keys sorted, no spacing.
+    Two messages share it only when they are the same JSON object, so the archive never
+    merges distinct messages and a summary never stands for a message it did not see."""
+    canonical = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -140,7 +140,8 @@ async def _list(request: Request, state: AppState, fields: dict[str, Any]) -> Re
     except ValueError:
         raise BadRequest("before must be a number (a page's next_before)", "before") from None
     tenant = caller.tenant.name if caller.tenant else None
-    return JSONResponse(await list_page(state.store, tenant, limit, before))
+    cursor = params.get("cursor") or None
+    return JSONResponse(await list_page(state.store, tenant, limit, before, cursor))
 
 
 async def _detail(request: Request, state: AppState, fields: dict[str, Any]) -> Response:

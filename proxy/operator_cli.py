@@ -87,7 +87,7 @@ def conversations_text(page: dict[str, Any]) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
     if page["has_more"]:
-        lines.append(f"(more: --before {page['next_before']!r})")
+        lines.append(f"(more: --cursor {page['next_cursor']})")
     return "\n".join(lines)
 
 
@@ -140,7 +140,7 @@ def cmd_conversations(config: Config, args: argparse.Namespace) -> int:
 
     async def work(store: Store) -> int:
         tenant = pick_tenant(config, args.tenant).name if args.tenant else None
-        page = await list_page(store, tenant, args.limit, args.before)
+        page = await list_page(store, tenant, args.limit, args.before, args.cursor)
         print(json.dumps(page, ensure_ascii=False) if args.json else conversations_text(page))
         return 0
 
@@ -290,7 +290,8 @@ def add_commands(
     p = command("conversations", "list conversations, newest first", cmd_conversations)
     p.add_argument("--tenant", help="only this tenant (default: all)")
     p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--before", type=float, help="continue a listing (its next_before)")
+    p.add_argument("--cursor", help="continue a listing (the next_cursor it printed)")
+    p.add_argument("--before", type=float, help="only conversations updated before this time")
     p.add_argument("--json", action="store_true", help="print the API's JSON")
 
     p = command("show", "a conversation's summary, versions and compactions", cmd_show)

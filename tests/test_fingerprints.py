@@ -68,3 +68,23 @@ def test_the_byte_bound_drops_the_least_recently_used() -> None:
     # Small bodies of many messages weigh their messages' overhead.
     cache.identity(ConversationRef("t", "e"), four * 5, "m", size=100)
     assert len(cache) == 2 and cache.held_bytes == 4_000 + 20 * PER_MESSAGE_BYTES
+
+
+def test_fingerprints_cover_the_whole_message() -> None:
+    """Messages that differ in any field the client sent are distinct; key order is not."""
+    base = {"role": "assistant", "content": None}
+    variants = [
+        {**base, "refusal": "I can't do A."},
+        {**base, "refusal": "I can't do B."},
+        {**base, "audio": {"id": "audio_1"}},
+        {**base, "audio": {"id": "audio_2"}},
+        {**base, "content": "x", "reasoning_content": "THOUGHT-1"},
+        {**base, "content": "x", "reasoning_content": "THOUGHT-2"},
+        {**base, "content": "x"},
+        {**base, "content": "x", "name": None},
+        base,
+    ]
+    assert len({fingerprint(m) for m in variants}) == len(variants)
+    assert fingerprint({"content": "x", "role": "user"}) == fingerprint(
+        {"role": "user", "content": "x"}
+    )

@@ -149,19 +149,21 @@ def test_export_holds_every_original_once_and_every_event_in_order(
     assert head["type"] == "conversation" and head["format"] == "recap-archive/1"
     assert (head["tenant"], head["key"]) == ("a", "trip-1")
     messages = [x for x in body if x["type"] == "message"]
-    events = [x for x in body if x["type"] not in ("message", "summary")]
+    params = [x for x in body if x["type"] == "params"]
+    events = [x for x in body if x["type"] not in ("message", "params", "summary")]
     summaries = [x for x in body if x["type"] == "summary"]
     assert end == {
         "type": "end",
         "messages": len(messages),
+        "params": len(params),
         "events": len(events),
         "summaries": len(summaries),
     }
-    # Messages first, then events, then summary versions.
+    # Messages first, then request parameters, then events, then summary versions.
     kinds = [x["type"] for x in body]
-    assert kinds == ["message"] * len(messages) + [x["type"] for x in events] + ["summary"] * len(
-        summaries
-    )
+    assert kinds == ["message"] * len(messages) + ["params"] * len(params) + [
+        x["type"] for x in events
+    ] + ["summary"] * len(summaries)
     # Every archived message exactly once, each one the proxy saw, byte for byte as sent.
     fps = [x["fingerprint"] for x in messages]
     assert len(fps) == len(set(fps)) == head["message_count"]

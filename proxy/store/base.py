@@ -82,6 +82,9 @@ class SummaryVersion:
     created_at: float
     updated_at: float
     current: bool
+    # Discarded by a rollback past it: never applied or built on again, unless an
+    # operator makes it current by name.
+    rolled_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,11 +140,25 @@ class LoopSummary:
 
 @dataclass(frozen=True)
 class ExchangeRecord:
-    """What one request leaves in the archive: messages as (fingerprint, json), events."""
+    """What one request leaves in the archive: messages as (fingerprint, json), events,
+    and the request's other fields (model, tools, sampling, ...) as (fingerprint, json)."""
 
     conversation: ConversationRef
     messages: Sequence[tuple[str, str]]
     events: Sequence[tuple[EventType, Mapping[str, Any]]]
+    params: Sequence[tuple[str, str]] = ()
+
+
+@dataclass(frozen=True)
+class ListPosition:
+    """Where a conversation listing stopped: the last row's (updated_at, tenant, key).
+
+    Listings are ordered by updated_at (newest first), then tenant and key, so this
+    names one place in the order even when many conversations share updated_at."""
+
+    updated_at: float
+    tenant: str
+    key: str
 
 
 @dataclass(frozen=True)
@@ -163,10 +180,11 @@ def pick_matching(
 ) -> int | None:
     """Choose which summary version applies to an incoming request, if any.
 
-    `versions` are (version, covered, boundary_hash). The current version wins
-    when it matches; otherwise a client that edited or forked its history gets
-    the earlier version (numbered <= current) that covers the most messages and
-    still matches, so it keeps as much of its summary as is still true.
+    `versions` are (version, covered, boundary_hash), rolled-back versions already left
+    out by the backend. The current version wins when it matches; otherwise a client
+    that edited or forked its history gets the earlier version (numbered <= current)
+    that covers the most messages and still matches, so it keeps as much of its
+    summary as is still true.
     Pure, so every backend shares one definition of "matches".
     """
 
@@ -280,7 +298,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def set_current_version(self, conv: ConversationRef, version: int | None) -> None:
-        """Roll back (or forward) to an existing version, or to none. NotFound if unknown."""
+        """Roll back (or forward) to an existing version, or to none. NotFound if unknown.
+
+        Every version numbered after the new current one is marked rolled back: it is
+        never matched (so never applied, nor rolled into a later summary) again, also
+        once newer versions exist. The version named is unmarked (an operator's choice).
+        """
 
     @abc.abstractmethod
     async def record_compaction(self, conv: ConversationRef, record: CompactionRecord) -> None:
@@ -294,8 +317,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
-        """In one transaction, for each item: archive its messages (insert-or-ignore)
-        and append its events. Many requests' records are written together."""
+        """In one transaction, for each item: archive its messages and request parameters
+        (insert-or-ignore) and append its events. Many requests' records are written
+        together."""
+
+    @abc.abstractmethod
+    async def archived_params(
+        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        """fingerprint -> JSON of a request's fields other than its messages, in archive
+        order; None asks for all of them. `request` events name theirs as `params`."""
 
     @abc.abstractmethod
     async def archived_messages(
@@ -347,9 +378,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list_conversations(
-        self, tenant: str | None, limit: int = 50, before: float | None = None
+        self,
+        tenant: str | None,
+        limit: int = 50,
+        before: float | None = None,
+        after: ListPosition | None = None,
     ) -> list[ConversationInfo]:
-        """Newest first by updated_at, only those updated strictly before `before`.
+        """Newest first by updated_at, then by tenant and key; only those updated
+        strictly before `before`, and only those after the position `after` (keyset
+        paging: no conversation is skipped or repeated when several share updated_at).
 
         tenant None lists every tenant (admin use).
         """

@@ -17,12 +17,16 @@ from dataclasses import dataclass
 
 import aiosqlite
 
+from proxy.store.rekey import EVENT_TYPES, rekey
+
 
 @dataclass(frozen=True)
 class Migration:
     version: int
     name: str
     statements: tuple[str, ...]
+    # After the statements, re-key the archive to whole-message fingerprints (`rekey.py`).
+    rekey: bool = False
 
 
 _CONV_FK = "FOREIGN KEY (tenant, key) REFERENCES conversations (tenant, key) ON DELETE CASCADE"
@@ -119,6 +123,29 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE TABLE heartbeat (id INTEGER PRIMARY KEY, at REAL NOT NULL)",
         ),
     ),
+    Migration(
+        2,
+        "whole-message fingerprints, archived request parameters, rollbacks that stick",
+        (
+            # 1: discarded by a rollback past it, never matched again (base.set_current_version).
+            "ALTER TABLE summary_versions ADD COLUMN rolled_back INTEGER NOT NULL DEFAULT 0",
+            # A request's fields other than its messages (model, tools, sampling, ...),
+            # each distinct set once per conversation; `request` events name them.
+            f"""CREATE TABLE request_params (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                tenant TEXT NOT NULL,
+                key TEXT NOT NULL,
+                fingerprint TEXT NOT NULL,
+                body TEXT NOT NULL,
+                first_seen_at REAL NOT NULL,
+                UNIQUE (tenant, key, fingerprint),
+                {_CONV_FK}
+            )""",
+            # Working memory keyed by the old chain hashes: short-lived, made again on need.
+            "DELETE FROM loop_summaries",
+        ),
+        rekey=True,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version
@@ -128,8 +155,9 @@ class SchemaTooNew(Exception):
     """The database was migrated by a newer proxy; refusing to guess at its schema."""
 
 
-async def migrate(db: aiosqlite.Connection, now: float) -> int:
-    """Apply every migration newer than the database's version; return the final version.
+async def migrate(db: aiosqlite.Connection, now: float, target: int | None = None) -> int:
+    """Apply every migration newer than the database's version (up to `target`, tests
+    only: an old schema to upgrade from); return the final version.
 
     `db` must be in autocommit mode (isolation_level=None): transactions here are explicit.
     """
@@ -147,10 +175,12 @@ async def migrate(db: aiosqlite.Connection, now: float) -> int:
         if current > LATEST:
             raise SchemaTooNew(f"database schema v{current} is newer than this proxy (v{LATEST})")
         for migration in MIGRATIONS:
-            if migration.version <= current:
+            if migration.version <= current or (target is not None and migration.version > target):
                 continue
             for statement in migration.statements:
                 await db.execute(statement)
+            if migration.rekey:
+                await _rekey(db)
             await db.execute(
                 "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
                 (migration.version, migration.name, now),
@@ -161,3 +191,45 @@ async def migrate(db: aiosqlite.Connection, now: float) -> int:
         raise
     await db.commit()
     return current
+
+
+async def _rekey(db: aiosqlite.Connection) -> None:
+    """Whole-message fingerprints for an archive written before them (see `rekey.py`)."""
+    where = "WHERE tenant = ? AND key = ?"
+    kinds = ", ".join(f"'{t}'" for t in EVENT_TYPES)
+    for tenant, key in list(await db.execute_fetchall("SELECT tenant, key FROM conversations")):
+        conv = (tenant, key)
+        changes = rekey(
+            [
+                (r[0], r[1], r[2])
+                for r in await db.execute_fetchall(
+                    f"SELECT id, fingerprint, body FROM messages {where} ORDER BY id", conv
+                )
+            ],
+            [
+                (r[0], r[1], r[2])
+                for r in await db.execute_fetchall(
+                    f"SELECT id, type, payload FROM events {where} AND type IN ({kinds})"
+                    " ORDER BY id",
+                    conv,
+                )
+            ],
+            [
+                (r[0], r[1], r[2])
+                for r in await db.execute_fetchall(
+                    f"SELECT version, covered, boundary_hash FROM summary_versions {where}", conv
+                )
+            ],
+        )
+        await db.executemany(
+            "UPDATE messages SET fingerprint = ? WHERE id = ?",
+            [(fp, row_id) for row_id, fp in changes.messages],
+        )
+        await db.executemany(
+            "UPDATE events SET payload = ? WHERE id = ?",
+            [(payload, event_id) for event_id, payload in changes.events],
+        )
+        await db.executemany(
+            f"UPDATE summary_versions SET boundary_hash = ? {where} AND version = ?",
+            [(h, tenant, key, version) for version, h in changes.summaries],
+        )

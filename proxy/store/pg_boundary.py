@@ -9,7 +9,6 @@ is re-escaped (its value is unchanged), free text has them replaced by U+FFFD.
 
 from __future__ import annotations
 
-import json
 from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -19,6 +18,7 @@ import asyncpg
 from proxy.store.base import translating
 from proxy.store.migrations import SchemaTooNew
 from proxy.store.pg_migrations import NoSchema
+from proxy.store.sql import storable_json
 
 # Dead peers are noticed by the server within about a minute, so their locks go with them.
 SERVER_SETTINGS = {
@@ -65,18 +65,8 @@ def translated() -> AbstractContextManager[None]:
     return translating(_FOREIGN, reason, plain=(SchemaTooNew, NoSchema))
 
 
-def json_text(text: str) -> str:
-    """JSON text PostgreSQL can hold: lone surrogates are re-escaped (same JSON value).
-
-    JSON never has a raw NUL (control characters are escaped inside strings).
-    """
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(json.loads(text))
-    return text
+# JSON text PostgreSQL can hold: the same rule as SQLite's (lone surrogates re-escaped).
+json_text = storable_json
 
 
 def clean_text(value: Any) -> Any:

@@ -22,34 +22,25 @@ they talk to. What differs is what crossing process boundaries needs:
   on later calls, at most once a second, while those calls fail at once.
 
 Errors become `StoreError` and text is made storable at one boundary (`pg_boundary.py`).
+The reads and most writes are shared with SQLite (`sql.py`); this module is the driver
+under them and what only PostgreSQL needs: pools, advisory locks, bulk statements.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import asyncpg
 
 from proxy.store.base import (
-    CompactionRecord,
-    ConversationInfo,
     ConversationRef,
-    Event,
     EventType,
     ExchangeRecord,
-    Layer,
-    LoopSummary,
-    NewSummary,
-    NotFound,
-    Outcome,
-    Store,
     StoreError,
     SummaryVersion,
     pick_matching,
@@ -57,8 +48,21 @@ from proxy.store.base import (
 from proxy.store.pg_boundary import clean_text, json_text, redact, server_settings, translated
 from proxy.store.pg_lock import AdvisoryLocks
 from proxy.store.pg_migrations import migrate
+from proxy.store.sql import (
+    SUMMARY_COLUMNS,
+    SUMMARY_FIELDS,
+    SUMMARY_FROM,
+    SqlStore,
+    Tx,
+    numbered,
+    payload_json,
+    summary,
+    touch,
+)
 
 log = logging.getLogger("recap.store")
+
+SUMMARY_FROM_PG = numbered(SUMMARY_FROM)
 
 T = TypeVar("T")
 Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
@@ -66,46 +70,6 @@ Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
 # Transactions the server rolled back whole (40001 serialization, 40P01 deadlock): safe to retry.
 _RETRIES = 3
 _RETRY_OPEN_S = 1.0
-
-
-def _names(record_type: type[Any], prefix: str = "") -> list[str]:
-    """Column names are the record's field names, as in the SQLite store."""
-    return [prefix + f.name for f in dataclasses.fields(record_type)]
-
-
-_SUMMARY_FIELDS = [c for c in _names(SummaryVersion) if c != "current"]
-_SUMMARY_COLUMNS = ", ".join([f"sv.{c}" for c in _SUMMARY_FIELDS] + ["c.current_version"])
-_SUMMARY_FROM = (
-    "FROM summary_versions sv JOIN conversations c ON c.tenant = sv.tenant AND c.key = sv.key"
-    " WHERE sv.tenant = $1 AND sv.key = $2"
-)
-_CONVERSATION_COLUMNS = ", ".join(_names(ConversationInfo))
-_LOOP_COLUMNS = ", ".join(_names(LoopSummary))
-_COMPACTION_COLUMNS = ", ".join(_names(CompactionRecord))
-_EVENT_COLUMNS = "id, type, payload, created_at"
-
-
-def _summary(row: Sequence[Any]) -> SummaryVersion:
-    values = dict(zip(_SUMMARY_FIELDS, row, strict=False))
-    return SummaryVersion(**values, current=row[-1] == values["version"])
-
-
-def _event(row: Sequence[Any]) -> Event:
-    return Event(row[0], row[1], json.loads(row[2]), row[3])
-
-
-async def _touch(conn: Conn, conv: ConversationRef, now: float) -> None:
-    """Create the conversation on first write; every write counts as activity (prune, lists).
-
-    Also takes the conversation row's lock for the rest of the transaction.
-    """
-    await conn.execute(
-        "INSERT INTO conversations (tenant, key, created_at, updated_at) VALUES ($1, $2, $3, $3)"
-        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at",
-        conv.tenant,
-        conv.key,
-        now,
-    )
 
 
 async def _insert_messages(
@@ -133,12 +97,25 @@ async def _insert_messages(
     return added or 0
 
 
+class _Tx:
+    """The shared writes' view of an open PostgreSQL transaction."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    async def execute(self, sql: str, params: Sequence[Any]) -> None:
+        await self.conn.execute(numbered(sql), *params)
+
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
+        return list(await self.conn.fetch(numbered(sql), *params))
+
+
 async def _keep_session(conn: Conn) -> None:
     """Pool reset for query connections: they never change session state (no SET, LISTEN
     or session locks), so the default reset query would only cost a round trip per call."""
 
 
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     def __init__(
         self,
         url: str,
@@ -283,6 +260,16 @@ class PostgresStore(Store):
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:
         return self._conversation_lock(conv)
 
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
+        async with self.connection() as conn:
+            return list(await conn.fetch(numbered(sql), *params))
+
+    async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        return await self._write(lambda conn: body(_Tx(conn)))
+
+    def _text(self, value: Any) -> Any:
+        return clean_text(value)
+
     @asynccontextmanager
     async def _conversation_lock(self, conv: ConversationRef) -> AsyncIterator[None]:
         _, pool = await self._pools()
@@ -291,36 +278,18 @@ class PostgresStore(Store):
 
     # -- summaries ---------------------------------------------------------------------------
 
-    async def summary_versions(self, conv: ConversationRef) -> list[SummaryVersion]:
-        async with self.connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} ORDER BY sv.version",
-                conv.tenant,
-                conv.key,
-            )
-        return [_summary(r) for r in rows]
-
-    async def current_summary(self, conv: ConversationRef) -> SummaryVersion | None:
-        async with self.connection() as conn:
-            row = await conn.fetchrow(
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} AND sv.version = c.current_version",
-                conv.tenant,
-                conv.key,
-            )
-        return None if row is None else _summary(row)
-
     async def matching_summary(
         self, conv: ConversationRef, boundary_hashes: Sequence[str]
     ) -> SummaryVersion | None:
         # Every candidate's small columns, and the whole row of the current version only:
         # the current version is the usual answer, so one round trip mostly suffices.
         full = ", ".join(
-            f"CASE WHEN sv.version = c.current_version THEN sv.{c} END" for c in _SUMMARY_FIELDS
+            f"CASE WHEN sv.version = c.current_version THEN sv.{c} END" for c in SUMMARY_FIELDS
         )
         async with self.connection() as conn:
             rows = await conn.fetch(
                 f"SELECT sv.version, sv.covered, sv.boundary_hash, {full}, c.current_version"
-                f" {_SUMMARY_FROM} AND sv.version <= c.current_version",
+                f" {SUMMARY_FROM_PG} AND sv.version <= c.current_version AND sv.rolled_back = 0",
                 conv.tenant,
                 conv.key,
             )
@@ -334,107 +303,16 @@ class PostgresStore(Store):
                 return None
             if chosen == current_version:
                 row = next(r for r in rows if r[0] == chosen)
-                return _summary(list(row)[3:])
+                return summary(list(row)[3:])
             found = await conn.fetchrow(
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} AND sv.version = $3",
+                f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM_PG} AND sv.version = $3",
                 conv.tenant,
                 conv.key,
                 chosen,
             )
-        return None if found is None else _summary(found)
-
-    async def add_summary_version(self, conv: ConversationRef, new: NewSummary) -> SummaryVersion:
-        now = self._clock()
-
-        async def body(conn: Conn) -> SummaryVersion:
-            await _touch(conn, conv, now)  # holds the conversation row: numbering is serial
-            # MAX + 1, not current + 1: after a rollback the later numbers stay taken.
-            version = await conn.fetchval(
-                "SELECT COALESCE(MAX(version), 0) + 1 FROM summary_versions"
-                " WHERE tenant = $1 AND key = $2",
-                conv.tenant,
-                conv.key,
-            )
-            compact_count = await conn.fetchval(
-                "UPDATE conversations SET current_version = $3, compact_count = compact_count + 1"
-                " WHERE tenant = $1 AND key = $2 RETURNING compact_count",
-                conv.tenant,
-                conv.key,
-                version,
-            )
-            row = {
-                **{f.name: clean_text(getattr(new, f.name)) for f in dataclasses.fields(new)},
-                "version": version,
-                "compact_count": compact_count,
-                "created_at": now,
-                "updated_at": now,
-            }
-            await _insert(conn, "summary_versions", conv, row)
-            return SummaryVersion(**row, current=True)
-
-        return await self._write(body)
-
-    async def set_current_version(self, conv: ConversationRef, version: int | None) -> None:
-        now = self._clock()
-
-        async def body(conn: Conn) -> None:
-            if version is not None:
-                found = await conn.fetchval(
-                    "SELECT 1 FROM summary_versions WHERE tenant = $1 AND key = $2"
-                    " AND version = $3",
-                    conv.tenant,
-                    conv.key,
-                    version,
-                )
-                if found is None:
-                    raise NotFound(f"no summary version {version}")
-            updated = await conn.fetchval(
-                "UPDATE conversations SET current_version = $3, updated_at = $4"
-                " WHERE tenant = $1 AND key = $2 RETURNING 1",
-                conv.tenant,
-                conv.key,
-                version,
-                now,
-            )
-            if updated is None:
-                raise NotFound("no such conversation")
-
-        await self._write(body)
+        return None if found is None else summary(found)
 
     # -- audit and archive -----------------------------------------------------------------
-
-    async def record_compaction(self, conv: ConversationRef, record: CompactionRecord) -> None:
-        now = self._clock()
-        saved = max(0, record.tokens_before - record.tokens_after) if record.outcome == "ok" else 0
-
-        async def body(conn: Conn) -> None:
-            await _touch(conn, conv, now)
-            row = {f.name: clean_text(getattr(record, f.name)) for f in dataclasses.fields(record)}
-            row["created_at"] = record.created_at or now
-            await _insert(conn, "compactions", conv, row)
-            if saved:
-                await conn.execute(
-                    "UPDATE conversations SET tokens_saved = tokens_saved + $3"
-                    " WHERE tenant = $1 AND key = $2",
-                    conv.tenant,
-                    conv.key,
-                    saved,
-                )
-
-        await self._write(body)
-
-    async def compactions(self, conv: ConversationRef) -> list[CompactionRecord]:
-        async with self.connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_COMPACTION_COLUMNS} FROM compactions"
-                " WHERE tenant = $1 AND key = $2 ORDER BY id",
-                conv.tenant,
-                conv.key,
-            )
-        return [
-            CompactionRecord(cast(Layer, r[0]), r[1], cast(Outcome, r[2]), *list(r)[3:])
-            for r in rows
-        ]
 
     async def archive_messages(
         self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
@@ -444,7 +322,7 @@ class PostgresStore(Store):
         now = self._clock()
 
         async def body(conn: Conn) -> int:
-            await _touch(conn, conv, now)
+            await touch(_Tx(conn), conv, now)
             return await _insert_messages(conn, conv, messages, now)
 
         return await self._write(body)
@@ -460,9 +338,11 @@ class PostgresStore(Store):
         async def body(conn: Conn) -> None:
             for item in ordered:
                 conv = item.conversation
-                await _touch(conn, conv, now)
+                await touch(_Tx(conn), conv, now)
                 if item.messages:
                     await _insert_messages(conn, conv, item.messages, now)
+                if item.params:
+                    await _insert_params(conn, conv, item.params, now)
                 if item.events:
                     await _insert_events(conn, conv, item.events, now)
 
@@ -471,7 +351,17 @@ class PostgresStore(Store):
     async def archived_messages(
         self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
     ) -> dict[str, str]:
-        base = "SELECT fingerprint, body FROM messages WHERE tenant = $1 AND key = $2"
+        return await self._archived("messages", conv, fingerprints)
+
+    async def archived_params(
+        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        return await self._archived("request_params", conv, fingerprints)
+
+    async def _archived(
+        self, table: str, conv: ConversationRef, fingerprints: Sequence[str] | None
+    ) -> dict[str, str]:
+        base = f"SELECT fingerprint, body FROM {table} WHERE tenant = $1 AND key = $2"
         async with self.connection() as conn:
             if fingerprints is None:
                 rows = await conn.fetch(f"{base} ORDER BY id", conv.tenant, conv.key)
@@ -484,158 +374,9 @@ class PostgresStore(Store):
                 )
         return {fp: body for fp, body in rows}
 
-    async def append_event(
-        self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]
-    ) -> int:
-        now = self._clock()
-        text = json_text(json.dumps(dict(payload), ensure_ascii=False))
-
-        async def body(conn: Conn) -> int:
-            await _touch(conn, conv, now)
-            event_id: int = await conn.fetchval(
-                "INSERT INTO events (tenant, key, type, payload, created_at)"
-                " VALUES ($1, $2, $3, $4, $5) RETURNING id",
-                conv.tenant,
-                conv.key,
-                type,
-                text,
-                now,
-            )
-            return event_id
-
-        return await self._write(body)
-
-    async def events(
-        self, conv: ConversationRef, after_id: int = 0, *, page_size: int = 500
-    ) -> AsyncIterator[Event]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        last = after_id
-        while True:
-            # A fresh query per page: no connection is held while the consumer works.
-            async with self.connection() as conn:
-                rows = await conn.fetch(
-                    f"SELECT {_EVENT_COLUMNS} FROM events"
-                    " WHERE tenant = $1 AND key = $2 AND id > $3 ORDER BY id LIMIT $4",
-                    conv.tenant,
-                    conv.key,
-                    last,
-                    page_size,
-                )
-            for row in rows:
-                last = row[0]
-                yield _event(row)
-            if len(rows) < page_size:
-                return
-
-    async def last_event(self, conv: ConversationRef, type: EventType) -> Event | None:
-        async with self.connection() as conn:
-            row = await conn.fetchrow(
-                f"SELECT {_EVENT_COLUMNS} FROM events"
-                " WHERE tenant = $1 AND key = $2 AND type = $3 ORDER BY id DESC LIMIT 1",
-                conv.tenant,
-                conv.key,
-                type,
-            )
-        return None if row is None else _event(row)
-
-    async def iter_archived(
-        self, conv: ConversationRef, *, page_size: int = 500
-    ) -> AsyncIterator[tuple[str, str]]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        last = 0
-        while True:
-            async with self.connection() as conn:
-                rows = await conn.fetch(
-                    "SELECT id, fingerprint, body FROM messages"
-                    " WHERE tenant = $1 AND key = $2 AND id > $3 ORDER BY id LIMIT $4",
-                    conv.tenant,
-                    conv.key,
-                    last,
-                    page_size,
-                )
-            for row_id, fp, body in rows:
-                last = row_id
-                yield fp, body
-            if len(rows) < page_size:
-                return
-
     # -- loop summaries ----------------------------------------------------------------------
 
-    async def get_loop_summary(
-        self, conv: ConversationRef, turn_hash: str, max_rounds: int, now: float
-    ) -> LoopSummary | None:
-        async with self.connection() as conn:
-            row = await conn.fetchrow(
-                f"SELECT {_LOOP_COLUMNS} FROM loop_summaries"
-                " WHERE tenant = $1 AND key = $2 AND turn_hash = $3 AND covered_rounds <= $4"
-                " AND expires_at > $5 ORDER BY covered_rounds DESC LIMIT 1",
-                conv.tenant,
-                conv.key,
-                turn_hash,
-                max_rounds,
-                now,
-            )
-        return None if row is None else LoopSummary(*row)
-
-    async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
-        now = self._clock()
-
-        async def body(conn: Conn) -> None:
-            await _touch(conn, conv, now)
-            # Expired working memory is useless; dropping it here keeps the table small.
-            await conn.execute(
-                "DELETE FROM loop_summaries WHERE tenant = $1 AND key = $2 AND expires_at <= $3",
-                conv.tenant,
-                conv.key,
-                now,
-            )
-            row = {f.name: clean_text(getattr(s, f.name)) for f in dataclasses.fields(s)}
-            replace = ", ".join(
-                f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
-            )
-            await _insert(
-                conn,
-                "loop_summaries",
-                conv,
-                row,
-                f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
-            )
-
-        await self._write(body)
-
     # -- conversations and retention ---------------------------------------------------------
-
-    async def list_conversations(
-        self, tenant: str | None, limit: int = 50, before: float | None = None
-    ) -> list[ConversationInfo]:
-        where: list[str] = []
-        params: list[Any] = []
-        if tenant is not None:
-            params.append(tenant)
-            where.append(f"tenant = ${len(params)}")
-        if before is not None:
-            params.append(before)
-            where.append(f"updated_at < ${len(params)}")
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
-        params.append(max(0, limit))
-        async with self.connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations{clause}"
-                f" ORDER BY updated_at DESC, tenant, key LIMIT ${len(params)}",
-                *params,
-            )
-        return [ConversationInfo(*r) for r in rows]
-
-    async def get_conversation(self, conv: ConversationRef) -> ConversationInfo | None:
-        async with self.connection() as conn:
-            row = await conn.fetchrow(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE tenant = $1 AND key = $2",
-                conv.tenant,
-                conv.key,
-            )
-        return None if row is None else ConversationInfo(*row)
 
     async def prune(self, older_than: float) -> int:
         pruned = 0
@@ -659,19 +400,6 @@ class PostgresStore(Store):
                 return pruned
 
 
-async def _insert(
-    conn: Conn, table: str, conv: ConversationRef, values: Mapping[str, Any], suffix: str = ""
-) -> None:
-    columns = ["tenant", "key", *values]
-    marks = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
-    await conn.execute(
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){suffix}",
-        conv.tenant,
-        conv.key,
-        *values.values(),
-    )
-
-
 async def _insert_events(
     conn: Conn,
     conv: ConversationRef,
@@ -686,6 +414,25 @@ async def _insert_events(
         conv.tenant,
         conv.key,
         [t for t, _ in events],
-        [json_text(json.dumps(dict(p), ensure_ascii=False)) for _, p in events],
+        [payload_json(p) for _, p in events],
+        now,
+    )
+
+
+async def _insert_params(
+    conn: Conn, conv: ConversationRef, params: Sequence[tuple[str, str]], now: float
+) -> None:
+    """Insert-or-ignore a request's other fields, each distinct set once."""
+    unique = dict(reversed(list(params)))
+    fps = list(dict.fromkeys(fp for fp, _ in params))
+    await conn.execute(
+        "INSERT INTO request_params (tenant, key, fingerprint, body, first_seen_at)"
+        " SELECT $1, $2, p.fp, p.body, $5"
+        " FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS p (fp, body, ord) ORDER BY p.ord"
+        " ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
+        conv.tenant,
+        conv.key,
+        fps,
+        [json_text(unique[fp]) for fp in fps],
         now,
     )

@@ -1,5 +1,9 @@
 """SQLite implementation of the store (aiosqlite, one connection per process).
 
+The reads and most writes are shared with PostgreSQL (`sql.py`); this module is the
+SQLite driver under them (`_fetch`, `_transact`) and what only SQLite needs: the
+mutex, the fault gate and file checks, the summary cache, chunked IN lists.
+
 The default backend: the app opens it in its lifespan and every stage that reads
 or writes stored state goes through it. One connection, so a per-instance
 asyncio mutex keeps each transaction (and each read) whole: without it, one
@@ -30,43 +34,42 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
-from typing import Any, cast
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiosqlite
 
 from proxy.store.base import (
-    CompactionRecord,
-    ConversationInfo,
     ConversationRef,
-    Event,
-    EventType,
     ExchangeRecord,
     KeyedLocks,
-    Layer,
-    LoopSummary,
-    NewSummary,
-    NotFound,
-    Outcome,
-    Store,
     StoreError,
     SummaryVersion,
     pick_matching,
 )
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import migrate
+from proxy.store.sql import (
+    SUMMARY_COLUMNS,
+    SUMMARY_FROM,
+    SqlStore,
+    Tx,
+    payload_json,
+    storable_json,
+    summary,
+    touch,
+)
 from proxy.store.sqlite_faults import (
+    DatabaseFile,
     Fault,
     FileFault,
     Kind,
-    check_file,
     check_free_space,
     fault_kind,
     fault_reason,
@@ -74,6 +77,8 @@ from proxy.store.sqlite_faults import (
 )
 
 log = logging.getLogger("recap.store")
+
+T = TypeVar("T")
 
 MEMORY = ":memory:"
 # Below SQLite's smallest host-parameter limit (999), leaving room for tenant and key.
@@ -83,81 +88,17 @@ _IN_CHUNK = 900
 _PROBE_BUSY_MS = 50
 
 
-def _names(record_type: type[Any], prefix: str = "") -> list[str]:
-    """Column names are the record's field names, so the two cannot drift apart."""
-    return [prefix + f.name for f in dataclasses.fields(record_type)]
+class _Tx:
+    """The shared writes' view of an open SQLite transaction."""
 
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self.db = db
 
-def _fields(record: Any) -> dict[str, Any]:
-    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    async def execute(self, sql: str, params: Sequence[Any]) -> None:
+        await self.db.execute(sql, params)
 
-
-_SUMMARY_FIELDS = [c for c in _names(SummaryVersion) if c != "current"]
-_SUMMARY_COLUMNS = ", ".join([f"sv.{c}" for c in _SUMMARY_FIELDS] + ["c.current_version"])
-_SUMMARY_FROM = (
-    "FROM summary_versions sv JOIN conversations c ON c.tenant = sv.tenant AND c.key = sv.key"
-    " WHERE sv.tenant = ? AND sv.key = ?"
-)
-_CONVERSATION_COLUMNS = ", ".join(_names(ConversationInfo))
-_LOOP_COLUMNS = ", ".join(_names(LoopSummary))
-_COMPACTION_COLUMNS = ", ".join(_names(CompactionRecord))
-
-
-def _payload_json(payload: Mapping[str, Any]) -> str:
-    return json.dumps(dict(payload), ensure_ascii=False)
-
-
-def _storable_json(text: str) -> str:
-    """JSON text SQLite can hold: lone surrogates (valid in JSON escapes) cannot be UTF-8.
-
-    Re-escaping changes the bytes but not the JSON value, and only for such text.
-    """
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(json.loads(text))
-    return text
-
-
-def _summary(row: Sequence[Any]) -> SummaryVersion:
-    # The last column is the conversation's current_version.
-    values = dict(zip(_SUMMARY_FIELDS, row, strict=False))
-    return SummaryVersion(**values, current=row[-1] == values["version"])
-
-
-def _compaction(row: sqlite3.Row | tuple[Any, ...]) -> CompactionRecord:
-    layer, reason, outcome, *rest = row
-    return CompactionRecord(cast(Layer, layer), reason, cast(Outcome, outcome), *rest)
-
-
-def _conversation(row: sqlite3.Row | tuple[Any, ...]) -> ConversationInfo:
-    return ConversationInfo(*row)
-
-
-async def _touch(db: aiosqlite.Connection, conv: ConversationRef, now: float) -> None:
-    """Create the conversation on first write; every write counts as activity (prune, lists)."""
-    await db.execute(
-        "INSERT INTO conversations (tenant, key, created_at, updated_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at",
-        (conv.tenant, conv.key, now, now),
-    )
-
-
-async def _insert(
-    db: aiosqlite.Connection,
-    table: str,
-    conv: ConversationRef,
-    values: Mapping[str, Any],
-    suffix: str = "",
-) -> aiosqlite.Cursor:
-    columns = ["tenant", "key", *values]
-    marks = ", ".join("?" * len(columns))
-    return await db.execute(
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){suffix}",
-        (conv.tenant, conv.key, *values.values()),
-    )
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
+        return await _all(self.db, sql, params)
 
 
 async def _one(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> Any:
@@ -170,7 +111,7 @@ async def _all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> lis
     return list(await db.execute_fetchall(sql, params))
 
 
-class SqliteStore(Store):
+class SqliteStore(SqlStore):
     def __init__(
         self,
         path: str,
@@ -192,7 +133,7 @@ class SqliteStore(Store):
         # The file was opened once: if it disappears, it is waited for, never re-created
         # empty (that would hide the loss and split the archive in two).
         self._created = False
-        self._identity: tuple[int, int] | None = None
+        self._file: DatabaseFile | None = None
         self._fault: Fault | None = None
 
     @property
@@ -238,7 +179,7 @@ class SqliteStore(Store):
             await migrate(db, self._clock())
             if self._path != MEMORY:
                 st = os.stat(self._path)
-                self._identity = (st.st_dev, st.st_ino)
+                self._file = DatabaseFile(self._path, (st.st_dev, st.st_ino))
         except BaseException:
             await db.close()
             raise
@@ -289,8 +230,8 @@ class SqliteStore(Store):
             fault.retry_at = time.monotonic() + self._retry_s
         if self._db is None or (fault is not None and fault.kind.reconnect):
             await self._reopen(check=fault is not None and fault.kind.damaged)
-        if write and self._identity is not None:
-            check_file(self._path, self._identity)
+        if write and self._file is not None:
+            self._file.check()
         return await self._settled()
 
     async def _reopen(self, *, check: bool) -> None:
@@ -411,23 +352,16 @@ class SqliteStore(Store):
         # In-process only: one proxy process owns a SQLite file.
         return self._locks.hold(conv)
 
-    async def summary_versions(self, conv: ConversationRef) -> list[SummaryVersion]:
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
         async with self._read() as db:
-            rows = await _all(
-                db,
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} ORDER BY sv.version",
-                (conv.tenant, conv.key),
-            )
-        return [_summary(r) for r in rows]
+            return await _all(db, sql, params)
 
-    async def current_summary(self, conv: ConversationRef) -> SummaryVersion | None:
-        async with self._read() as db:
-            row = await _one(
-                db,
-                f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM} AND sv.version = c.current_version",
-                (conv.tenant, conv.key),
-            )
-        return None if row is None else _summary(row)
+    async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        async with self._write() as db:
+            return await body(_Tx(db))
+
+    def _forget(self, conv: ConversationRef) -> None:
+        self._summaries.drop(conv)
 
     async def matching_summary(
         self, conv: ConversationRef, boundary_hashes: Sequence[str]
@@ -446,7 +380,7 @@ class SqliteStore(Store):
             rows = await _all(
                 db,
                 "SELECT sv.version, sv.covered, sv.boundary_hash, c.current_version"
-                f" {_SUMMARY_FROM} AND sv.version <= c.current_version",
+                f" {SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
                 (conv.tenant, conv.key),
             )
             candidates = [(r[0], r[1], r[2]) for r in rows]
@@ -457,10 +391,10 @@ class SqliteStore(Store):
                 {
                     v.version: v
                     for v in map(
-                        _summary,
+                        summary,
                         await _all(
                             db,
-                            f"SELECT {_SUMMARY_COLUMNS} {_SUMMARY_FROM}"
+                            f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM}"
                             f" AND sv.version IN ({', '.join('?' * len(wanted))})",
                             (conv.tenant, conv.key, *wanted),
                         ),
@@ -472,87 +406,15 @@ class SqliteStore(Store):
         self._summaries.put(conv, candidates, found.get(current_version))
         return found.get(chosen) if chosen else None
 
-    async def add_summary_version(self, conv: ConversationRef, new: NewSummary) -> SummaryVersion:
-        self._summaries.drop(conv)
-        now = self._clock()
-        async with self._write() as db:
-            await _touch(db, conv, now)
-            # MAX + 1, not current + 1: after a rollback the later numbers stay taken.
-            (version,) = await _one(
-                db,
-                "SELECT COALESCE(MAX(version), 0) + 1 FROM summary_versions"
-                " WHERE tenant = ? AND key = ?",
-                (conv.tenant, conv.key),
-            )
-            (compact_count,) = await _one(
-                db,
-                "UPDATE conversations SET current_version = ?, compact_count = compact_count + 1"
-                " WHERE tenant = ? AND key = ? RETURNING compact_count",
-                (version, conv.tenant, conv.key),
-            )
-            row = {
-                **_fields(new),
-                "version": version,
-                "compact_count": compact_count,
-                "created_at": now,
-                "updated_at": now,
-            }
-            await _insert(db, "summary_versions", conv, row)
-        return SummaryVersion(**row, current=True)
-
-    async def set_current_version(self, conv: ConversationRef, version: int | None) -> None:
-        self._summaries.drop(conv)
-        now = self._clock()
-        async with self._write() as db:
-            if version is not None:
-                found = await _one(
-                    db,
-                    "SELECT 1 FROM summary_versions WHERE tenant = ? AND key = ? AND version = ?",
-                    (conv.tenant, conv.key, version),
-                )
-                if found is None:
-                    raise NotFound(f"no summary version {version}")
-            cur = await db.execute(
-                "UPDATE conversations SET current_version = ?, updated_at = ?"
-                " WHERE tenant = ? AND key = ?",
-                (version, now, conv.tenant, conv.key),
-            )
-            if cur.rowcount == 0:
-                raise NotFound("no such conversation")
-
-    async def record_compaction(self, conv: ConversationRef, record: CompactionRecord) -> None:
-        now = self._clock()
-        saved = max(0, record.tokens_before - record.tokens_after) if record.outcome == "ok" else 0
-        async with self._write() as db:
-            await _touch(db, conv, now)
-            row = {**_fields(record), "created_at": record.created_at or now}
-            await _insert(db, "compactions", conv, row)
-            if saved:
-                await db.execute(
-                    "UPDATE conversations SET tokens_saved = tokens_saved + ?"
-                    " WHERE tenant = ? AND key = ?",
-                    (saved, conv.tenant, conv.key),
-                )
-
-    async def compactions(self, conv: ConversationRef) -> list[CompactionRecord]:
-        async with self._read() as db:
-            rows = await _all(
-                db,
-                f"SELECT {_COMPACTION_COLUMNS} FROM compactions"
-                " WHERE tenant = ? AND key = ? ORDER BY id",
-                (conv.tenant, conv.key),
-            )
-        return [_compaction(r) for r in rows]
-
     async def archive_messages(
         self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
     ) -> int:
         if not messages:
             return 0
         now = self._clock()
-        rows = [(conv.tenant, conv.key, fp, _storable_json(body), now) for fp, body in messages]
+        rows = [(conv.tenant, conv.key, fp, storable_json(body), now) for fp, body in messages]
         async with self._write() as db:
-            await _touch(db, conv, now)
+            await touch(_Tx(db), conv, now)
             cur = await db.executemany(
                 "INSERT INTO messages (tenant, key, fingerprint, body, first_seen_at)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
@@ -572,9 +434,9 @@ class SqliteStore(Store):
         async with self._write() as db:
             for item in items:
                 conv = item.conversation
-                await _touch(db, conv, now)
+                await touch(_Tx(db), conv, now)
                 rows = [
-                    (conv.tenant, conv.key, fp, _storable_json(body), now)
+                    (conv.tenant, conv.key, fp, storable_json(body), now)
                     for fp, body in item.messages
                 ]
                 if rows:
@@ -589,20 +451,36 @@ class SqliteStore(Store):
                             " WHERE tenant = ? AND key = ?",
                             (cur.rowcount, conv.tenant, conv.key),
                         )
+                if item.params:
+                    await db.executemany(
+                        "INSERT INTO request_params (tenant, key, fingerprint, body, first_seen_at)"
+                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
+                        [
+                            (conv.tenant, conv.key, fp, storable_json(body), now)
+                            for fp, body in item.params
+                        ],
+                    )
                 if item.events:
                     await db.executemany(
                         "INSERT INTO events (tenant, key, type, payload, created_at)"
                         " VALUES (?, ?, ?, ?, ?)",
-                        [
-                            (conv.tenant, conv.key, t, _storable_json(_payload_json(p)), now)
-                            for t, p in item.events
-                        ],
+                        [(conv.tenant, conv.key, t, payload_json(p), now) for t, p in item.events],
                     )
 
     async def archived_messages(
         self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
     ) -> dict[str, str]:
-        base = "SELECT id, fingerprint, body FROM messages WHERE tenant = ? AND key = ?"
+        return await self._archived("messages", conv, fingerprints)
+
+    async def archived_params(
+        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        return await self._archived("request_params", conv, fingerprints)
+
+    async def _archived(
+        self, table: str, conv: ConversationRef, fingerprints: Sequence[str] | None
+    ) -> dict[str, str]:
+        base = f"SELECT id, fingerprint, body FROM {table} WHERE tenant = ? AND key = ?"
         found: list[tuple[int, str, str]] = []
         async with self._read() as db:
             if fingerprints is None:
@@ -617,140 +495,6 @@ class SqliteStore(Store):
                     )
         found.sort()
         return {fp: body for _, fp, body in found}
-
-    async def append_event(
-        self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]
-    ) -> int:
-        now = self._clock()
-        text = _storable_json(json.dumps(dict(payload), ensure_ascii=False))
-        async with self._write() as db:
-            await _touch(db, conv, now)
-            cur = await _insert(
-                db, "events", conv, {"type": type, "payload": text, "created_at": now}
-            )
-            event_id = cur.lastrowid
-        if event_id is None:
-            raise StoreError("event id not returned")
-        return event_id
-
-    async def events(
-        self, conv: ConversationRef, after_id: int = 0, *, page_size: int = 500
-    ) -> AsyncIterator[Event]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        last = after_id
-        while True:
-            # A fresh read per page: the mutex is never held while the consumer works.
-            async with self._read() as db:
-                rows = await _all(
-                    db,
-                    "SELECT id, type, payload, created_at FROM events"
-                    " WHERE tenant = ? AND key = ? AND id > ? ORDER BY id LIMIT ?",
-                    (conv.tenant, conv.key, last, page_size),
-                )
-            for event_id, type_, payload, created_at in rows:
-                last = event_id
-                yield Event(event_id, type_, json.loads(payload), created_at)
-            if len(rows) < page_size:
-                return
-
-    async def last_event(self, conv: ConversationRef, type: EventType) -> Event | None:
-        async with self._read() as db:
-            row = await _one(
-                db,
-                "SELECT id, type, payload, created_at FROM events"
-                " WHERE tenant = ? AND key = ? AND type = ? ORDER BY id DESC LIMIT 1",
-                (conv.tenant, conv.key, type),
-            )
-        if row is None:
-            return None
-        event_id, type_, payload, created_at = row
-        return Event(event_id, type_, json.loads(payload), created_at)
-
-    async def iter_archived(
-        self, conv: ConversationRef, *, page_size: int = 500
-    ) -> AsyncIterator[tuple[str, str]]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        last = 0
-        while True:
-            # A fresh read per page, as in `events`: the consumer may be a slow client.
-            async with self._read() as db:
-                rows = await _all(
-                    db,
-                    "SELECT id, fingerprint, body FROM messages"
-                    " WHERE tenant = ? AND key = ? AND id > ? ORDER BY id LIMIT ?",
-                    (conv.tenant, conv.key, last, page_size),
-                )
-            for row_id, fp, body in rows:
-                last = row_id
-                yield fp, body
-            if len(rows) < page_size:
-                return
-
-    async def get_loop_summary(
-        self, conv: ConversationRef, turn_hash: str, max_rounds: int, now: float
-    ) -> LoopSummary | None:
-        async with self._read() as db:
-            row = await _one(
-                db,
-                f"SELECT {_LOOP_COLUMNS} FROM loop_summaries"
-                " WHERE tenant = ? AND key = ? AND turn_hash = ? AND covered_rounds <= ?"
-                " AND expires_at > ? ORDER BY covered_rounds DESC LIMIT 1",
-                (conv.tenant, conv.key, turn_hash, max_rounds, now),
-            )
-        return None if row is None else LoopSummary(*row)
-
-    async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
-        now = self._clock()
-        async with self._write() as db:
-            await _touch(db, conv, now)
-            # Expired working memory is useless; dropping it here keeps the table small.
-            await db.execute(
-                "DELETE FROM loop_summaries WHERE tenant = ? AND key = ? AND expires_at <= ?",
-                (conv.tenant, conv.key, now),
-            )
-            row = _fields(s)
-            replace = ", ".join(
-                f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
-            )
-            await _insert(
-                db,
-                "loop_summaries",
-                conv,
-                row,
-                f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
-            )
-
-    async def list_conversations(
-        self, tenant: str | None, limit: int = 50, before: float | None = None
-    ) -> list[ConversationInfo]:
-        where: list[str] = []
-        params: list[Any] = []
-        if tenant is not None:
-            where.append("tenant = ?")
-            params.append(tenant)
-        if before is not None:
-            where.append("updated_at < ?")
-            params.append(before)
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
-        async with self._read() as db:
-            rows = await _all(
-                db,
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations{clause}"
-                " ORDER BY updated_at DESC, tenant, key LIMIT ?",
-                (*params, max(0, limit)),
-            )
-        return [_conversation(r) for r in rows]
-
-    async def get_conversation(self, conv: ConversationRef) -> ConversationInfo | None:
-        async with self._read() as db:
-            row = await _one(
-                db,
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE tenant = ? AND key = ?",
-                (conv.tenant, conv.key),
-            )
-        return None if row is None else _conversation(row)
 
     async def prune(self, older_than: float) -> int:
         self._summaries.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
+import stat
 from contextlib import AbstractContextManager
 
 from proxy.store.base import StoreError, translating
@@ -25,6 +26,7 @@ _FILE_FAULTS = frozenset({8, 10, 11, 14, 26})
 _BUSY = frozenset({5, 6})
 _DAMAGED = frozenset({11, 26})  # CORRUPT, NOTADB
 _HEADER = b"SQLite format 3\x00"
+_FD_DIR = "/proc/self/fd"
 # /readyz is not ready below this much free space: the next archive batch may not fit.
 MIN_FREE_BYTES = 1 << 20
 
@@ -98,26 +100,63 @@ def translated() -> AbstractContextManager[None]:
     )
 
 
-def check_file(path: str, identity: tuple[int, int]) -> None:
-    """Before a write: is `path` still our database? (A few syscalls, no SQLite.)
+class DatabaseFile:
+    """The checks before a write that SQLite cannot make: is the path still our file?
 
-    A deleted file would take writes into an unlinked inode, and a file
-    overwritten in place is only noticed by SQLite when a page is not cached.
-    `identity` is the (device, inode) the store opened.
+    A deleted file would take writes into an unlinked inode, and a file overwritten
+    in place is only noticed by SQLite when a page is not cached.
+
+    The file is never opened here: closing any descriptor of the database file drops
+    every POSIX lock this process holds on it, SQLite's included (a documented SQLite
+    pitfall). Another process's connection (the `recap` CLI) then believes it is the
+    last one and deletes the write-ahead log this process goes on writing into. So
+    identity is checked by `stat` on the path, and the header is read with `pread` on
+    the descriptor SQLite itself holds, found by `fstat` and never opened or closed.
     """
+
+    def __init__(self, path: str, identity: tuple[int, int]) -> None:
+        self.path = path
+        # The (device, inode) the store opened.
+        self.identity = identity
+        self._fd: int | None = None  # SQLite's descriptor of it, once found
+
+    def check(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise FileFault("database file is missing") from None
+        if (st.st_dev, st.st_ino) != self.identity:
+            raise FileFault("database file was replaced")
+        head = self._header()
+        if head is not None and head != _HEADER:
+            raise FileFault("database file is not a SQLite database", damaged=True)
+
+    def _header(self) -> bytes | None:
+        """The file's first bytes; None where no descriptor of it can be found."""
+        if self._fd is None or not self._holds(self._fd):
+            self._fd = next((fd for fd in _descriptors() if self._holds(fd)), None)
+        if self._fd is None:
+            return None
+        try:
+            return os.pread(self._fd, len(_HEADER), 0)
+        except OSError:
+            self._fd = None
+            return None
+
+    def _holds(self, fd: int) -> bool:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == self.identity
+
+
+def _descriptors() -> list[int]:
+    """This process's open descriptors (Linux: /proc/self/fd; elsewhere none)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise FileFault("database file is missing") from None
-    try:
-        st = os.fstat(fd)
-        head = os.read(fd, len(_HEADER))
-    finally:
-        os.close(fd)
-    if (st.st_dev, st.st_ino) != identity:
-        raise FileFault("database file was replaced")
-    if head and head != _HEADER:
-        raise FileFault("database file is not a SQLite database", damaged=True)
+        return [int(name) for name in os.listdir(_FD_DIR) if name.isdigit()]
+    except OSError:
+        return []
 
 
 def check_free_space(path: str) -> None:

@@ -5,8 +5,8 @@ store to PostgreSQL (or back). Both stores are opened through `open_store` first
 each has the current schema; then the rows of every table are streamed table by table,
 column for column (the two schemas have the same tables and columns): conversations
 with their counters and current-version pointer, every summary version, the
-compactions audit, the archived messages, the events and the loop summaries, ids
-included, so event ids and archive order survive and the target's id sequences
+compactions audit, the archived messages and request parameters, the events and the
+loop summaries, ids included, so event ids and archive order survive and the target's id sequences
 continue after the copied ones.
 
 The source is read in one snapshot (a SQLite read transaction; a PostgreSQL
@@ -71,6 +71,7 @@ TABLES: tuple[Table, ...] = (
             "reason",
             "created_at",
             "updated_at",
+            "rolled_back",
         ),
         "tenant, key, version",
     ),
@@ -95,6 +96,7 @@ TABLES: tuple[Table, ...] = (
     ),
     Table("messages", ("id", *_KEYS, "fingerprint", "body", "first_seen_at"), "id"),
     Table("events", ("id", *_KEYS, "type", "payload", "created_at"), "id"),
+    Table("request_params", ("id", *_KEYS, "fingerprint", "body", "first_seen_at"), "id"),
     Table(
         "loop_summaries",
         (

@@ -35,7 +35,7 @@ from proxy.store import (
     pick_matching,
     sqlite_path,
 )
-from proxy.store.base import ExchangeRecord
+from proxy.store.base import ExchangeRecord, ListPosition
 from proxy.store.migrations import LATEST
 from proxy.store.postgres import PostgresStore
 from tests.store.conftest import FakeClock
@@ -234,6 +234,55 @@ async def test_rollback_to_earlier_and_to_none(store: Store, history: list[dict[
     ]
     info = await store.get_conversation(CONV)
     assert info is not None and info.current_version == 4 and info.compact_count == 4
+
+
+async def test_rollback_sticks(store: Store, history: list[dict[str, Any]]) -> None:
+    """Versions a rollback discarded are never matched again: not when newer versions
+    take numbers above them, and not for a history they would still match."""
+    hashes = chain_hashes(history)
+    for covered in (8, 16, 24):
+        await store.add_summary_version(CONV, summary_at(hashes, covered))
+    await store.set_current_version(CONV, 1)
+    assert [v.rolled_back for v in await store.summary_versions(CONV)] == [False, True, True]
+    # A compaction of a forked history (matching none of them) becomes version 4 ...
+    fork = chain_hashes(edited(history, 2))
+    v4 = await store.add_summary_version(CONV, summary_at(fork, 30))
+    assert v4.version == 4 and not v4.rolled_back
+    # ... and the original history still gets version 1, never the discarded 2 or 3.
+    found = await store.matching_summary(CONV, hashes)
+    assert found is not None and found.version == 1
+    found = await store.matching_summary(CONV, fork)
+    assert found is not None and found.version == 4
+    # Asked again (the SQLite store answers from its cache): the same.
+    found = await store.matching_summary(CONV, hashes)
+    assert found is not None and found.version == 1
+
+    # To none: everything is discarded, also for later versions' matching.
+    await store.set_current_version(CONV, None)
+    v5 = await store.add_summary_version(CONV, summary_at(fork, 31))
+    assert await store.matching_summary(CONV, hashes) is None
+    assert [v.rolled_back for v in await store.summary_versions(CONV)] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert v5.version == 5
+
+    # An operator may name a discarded version: it is current (and matched) again,
+    # the versions after it are discarded, the others stay as they were.
+    await store.set_current_version(CONV, 3)
+    found = await store.matching_summary(CONV, hashes)
+    assert found is not None and found.version == 3 and found.current
+    versions = await store.summary_versions(CONV)
+    assert [(v.version, v.rolled_back) for v in versions] == [
+        (1, True),
+        (2, True),
+        (3, False),
+        (4, True),
+        (5, True),
+    ]
 
 
 async def test_summary_text_round_trips_exactly(
@@ -494,6 +543,43 @@ async def test_tenants_are_isolated(store: Store, history: list[dict[str, Any]])
     await store.set_current_version(a, None)
     current = await store.current_summary(b)
     assert current is not None and current.version == 1
+
+
+async def test_list_conversations_keyset_pages_skip_nothing_that_shares_updated_at(
+    store: Store, clock: FakeClock
+) -> None:
+    # One archive batch stamps many conversations with one time: ties are the rule.
+    clock.advance(10)
+    await store.record_exchanges(
+        [
+            ExchangeRecord(ConversationRef(t, k), [], [("request", {})])
+            for t, k in [("b", "x"), ("a", "z"), ("a", "y"), ("b", "w"), ("a", "\u00e9")]
+        ]
+    )
+    clock.advance(10)
+    await store.append_event(ConversationRef("a", "newest"), "request", {})
+    clock.advance(-30)
+    await store.append_event(ConversationRef("a", "oldest"), "request", {})
+    everything = [(c.tenant, c.key) for c in await store.list_conversations(None, limit=100)]
+    assert everything == [
+        ("a", "newest"),
+        ("a", "y"),
+        ("a", "z"),
+        ("a", "\u00e9"),  # byte order on both backends
+        ("b", "w"),
+        ("b", "x"),
+        ("a", "oldest"),
+    ]
+    for tenant, size in ((None, 1), (None, 2), (None, 3), ("a", 2)):
+        seen: list[tuple[str, str]] = []
+        after: ListPosition | None = None
+        while True:
+            page = await store.list_conversations(tenant, limit=size, after=after)
+            seen += [(c.tenant, c.key) for c in page]
+            if len(page) < size:
+                break
+            after = ListPosition(page[-1].updated_at, page[-1].tenant, page[-1].key)
+        assert seen == [x for x in everything if tenant in (None, x[0])], (tenant, size)
 
 
 async def test_list_conversations_newest_first_and_paged(store: Store, clock: FakeClock) -> None:
