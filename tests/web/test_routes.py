@@ -16,7 +16,6 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import parse_config
-from tests.faults import SCENES
 from tests.servers import serve
 from tests.web.conftest import ADMIN, CONV_A, CONV_B, KEYS, SCRIPT, Site, bearer
 
@@ -258,7 +257,6 @@ def test_the_open_tenant_needs_no_login_only_with_inspection_open(
         {
             "store": f"sqlite:///{tmp_path / 'recap.db'}",
             "inspection_open": inspection_open,
-            "scenes_dir": str(SCENES),
             "tenants": {"open": {}, "closed": {"api_keys": ["k"]}},
         },
         env={},
