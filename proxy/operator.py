@@ -16,7 +16,6 @@ are `RecapError`s, rendered in the OpenAI error shape like every other proxy err
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -32,7 +31,7 @@ from proxy.compaction.session_stage import SessionStage
 from proxy.config import Config, Tenant
 from proxy.errors import BadRequest, CompactionFailed, Conflict, NotFound, RecapError, Unauthorized
 from proxy.export import export_lines
-from proxy.identity import bearer_token, resolve_tenant
+from proxy.identity import bearer_token, is_admin_key, resolve_tenant
 from proxy.inspection import detail, list_page, parse_version, require, rollback, view
 from proxy.logs import log_fields
 from proxy.state import AppState
@@ -62,10 +61,7 @@ class Caller:
 def resolve_caller(
     config: Config, headers: Mapping[str, str], named: str | None, *, need_tenant: bool
 ) -> Caller:
-    token = bearer_token(headers)
-    if token is not None and any(
-        hmac.compare_digest(token.encode(), k.encode()) for k in config.admin_keys
-    ):
+    if is_admin_key(config, bearer_token(headers)):
         if named is not None:
             tenant = config.tenants.get(named)
             if tenant is None:

@@ -37,8 +37,11 @@ HOP_BY_HOP = frozenset(
 # uvicorn-based upstreams (vLLM, ...) close idle connections, so the proxy never sends a
 # request on a connection the upstream is closing at that moment (a 502 on a good request).
 KEEPALIVE_S = 4.0
-# Headers only the proxy reads; the upstream never sees them.
-RECAP_REQUEST_HEADERS = frozenset({"x-recap-compaction"})
+# Recap's own header namespace. A client may send some of them to Recap (e.g.
+# x-recap-compaction), which reads them here; none is forwarded, so only the proxy itself
+# sets x-recap-* upstream (x-recap-purpose on its summarizer calls) and an upstream
+# gateway can trust them.
+RECAP_HEADER_PREFIX = "x-recap-"
 
 
 # Clients per upstream, used in turn. httpcore's pool does O(connections x idle
@@ -112,7 +115,7 @@ def request_headers(
     out: list[tuple[bytes, bytes]] = []
     for k, v in raw:
         name = k.decode("latin-1").lower()
-        if name in HOP_BY_HOP or name in RECAP_REQUEST_HEADERS:
+        if name in HOP_BY_HOP or name.startswith(RECAP_HEADER_PREFIX):
             continue
         if name == "authorization" and upstream.api_key:
             continue
