@@ -38,7 +38,7 @@ from proxy.relay import (
 from proxy.sse import AnswerRecorder
 from proxy.stages import count_for_log
 from proxy.state import AppState
-from proxy.upstream import request_headers, response_headers, translate, upstream_url
+from proxy.upstream import mapped_errors, request_headers, response_headers, upstream_url
 
 log = logging.getLogger("recap.chat")
 
@@ -160,11 +160,9 @@ class ChatCompletions:
             content=payload,
         )
         try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            err = translate(exc)
-            if err is None:
-                raise
+            with mapped_errors(upstream):
+                response = await client.send(request, stream=True)
+        except RecapError as err:
             fields["error"] = err.code
             await responder.error(err)
             return
@@ -177,7 +175,10 @@ class ChatCompletions:
             )
         try:
             fields["upstream_status"] = response.status_code
-            await self._relay(response, responder, extra, recorder)
+            with mapped_errors(upstream):
+                # A RecapError from here is reported (in-band once the stream has
+                # started) where it is also logged.
+                await self._relay(response, responder, extra, recorder)
         finally:
             await response.aclose()
             if exchange is not None:
@@ -214,19 +215,12 @@ class ChatCompletions:
                 extra = {**extra, "x-accel-buffering": "no"}
             headers = response_headers(response.headers, decoded=False, extra=extra)
             await responder.start(response.status_code, headers)
-        try:
-            # Raw bytes, as the upstream sent them (compressed ones stay compressed, with
-            # their Content-Encoding): nothing is decoded on the way to the client.
-            async for chunk in response.aiter_raw():
-                await responder.chunk(chunk)
-                if recorder is not None:
-                    recorder.feed(chunk)
-        except httpx.HTTPError as exc:
-            err = translate(exc)
-            if err is None:
-                raise
-            # Reported (in-band, the stream has started) where it is also logged.
-            raise err from None
+        # Raw bytes, as the upstream sent them (compressed ones stay compressed, with
+        # their Content-Encoding): nothing is decoded on the way to the client.
+        async for chunk in response.aiter_raw():
+            await responder.chunk(chunk)
+            if recorder is not None:
+                recorder.feed(chunk)
         await responder.end()
 
     def _sse_notifier(

@@ -60,6 +60,12 @@ def test_connection_refused_is_502(proxy_factory: Callable[..., str], tmp_path: 
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_unreachable"
     assert r.json()["error"]["type"] == "upstream_error"
+    # It names the upstream it could not reach (host and port, never a path or key).
+    assert dead.removeprefix("http://") in r.json()["error"]["message"]
+    # So does a pass-through route's.
+    r = httpx.get(f"{url}/models")
+    assert r.status_code == 502
+    assert dead.removeprefix("http://") in r.json()["error"]["message"]
 
 
 def test_read_timeout_is_504(
