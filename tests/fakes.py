@@ -54,6 +54,9 @@ class Recorded:
 
     @property
     def json(self) -> Any:
+        # A body the client sent compressed reaches the fake as it was sent.
+        if self.headers.get("content-encoding") == "gzip":
+            return json.loads(gzip.decompress(self.body))
         return json.loads(self.body)
 
 
@@ -147,7 +150,7 @@ class FakeUpstream:
 
     async def _chat(self, request: Request) -> Response:
         rec = await self._record(request)
-        body = json.loads(rec.body)
+        body = rec.json
         reply = (self.summarize if rec.purpose == "summarize" else self.chat)(body)
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
