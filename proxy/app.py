@@ -29,6 +29,7 @@ from proxy.fingerprints import FingerprintCache
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
 from proxy.pipeline import Pipeline, Stage
 from proxy.scenes import SceneSet
+from proxy.serving import AcceptErrors
 from proxy.stages import EstimateTokens
 from proxy.state import AppState
 from proxy.store import StoreError, open_store
@@ -92,6 +93,7 @@ def create_app(config: Config) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
+        AcceptErrors().install(asyncio.get_running_loop())
         upstreams = upstream_pool(config)
         store = open_store(config.store, config.base_dir, pool=config.store_pool)
         try:

@@ -29,6 +29,11 @@ class ConfigError(ValueError):
 class Listen:
     host: str = "127.0.0.1"
     port: int = 8080
+    # A connection must send a request's complete headers within this long of opening
+    # (or of its keep-alive idle time after a response), else it is closed.
+    header_timeout_s: float = 15.0
+    # Open client connections at most; 0: half the process's file-descriptor limit.
+    max_connections: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,7 @@ _SHARE = Bound(0, 1)
 _RATIO = Bound(0, 1, above=True)
 BOUNDS: Mapping[tuple[type, str], Bound] = {
     (Listen, "port"): Bound(0, 65535),
+    (Listen, "header_timeout_s"): _POSITIVE,
     (Upstream, "timeout_s"): _POSITIVE,
     (Upstream, "connect_timeout_s"): _POSITIVE,
     (Upstream, "max_connections"): _AT_LEAST_1,
