@@ -30,6 +30,7 @@ from proxy.messages import classify, json_bytes
 from proxy.pipeline import Control, Exchange
 from proxy.relay import (
     ClientDisconnected,
+    FinalBytesGate,
     Receive,
     Responder,
     Scope,
@@ -205,6 +206,11 @@ class ChatCompletions:
         extra = {"x-recap-overhead-ms": str(overhead_ms)}
         if exchange is not None:
             extra.update(exchange.response_headers)
+        # The request's archive record is committed while the upstream answers; the
+        # answer's final bytes wait for it (relay.FinalBytesGate).
+        committed = None
+        if exchange is not None and exchange.archive_now is not None:
+            committed = state.archiver.begin(exchange)
         request = client.build_request(
             "POST",
             upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
@@ -216,6 +222,8 @@ class ChatCompletions:
                 response = await client.send(request, stream=True)
         except RecapError as err:
             fields["error"] = err.code
+            if committed is not None and exchange is not None:
+                state.archiver.finish(exchange, {"status": err.status, "error": err.code})
             await responder.error(err)
             return
         recorder = None
@@ -230,11 +238,11 @@ class ChatCompletions:
             with mapped_errors(upstream):
                 # A RecapError from here is reported (in-band once the stream has
                 # started) where it is also logged.
-                await self._relay(response, responder, extra, recorder)
+                await self._relay(response, responder, extra, recorder, committed)
         finally:
             await response.aclose()
             if exchange is not None:
-                count_for_log(exchange)
+                count_for_log(exchange)  # when no record was begun
                 state.fingerprints.remember_counts(
                     exchange.conversation,
                     exchange.original,
@@ -250,12 +258,22 @@ class ChatCompletions:
         responder: Responder,
         extra: dict[str, str],
         recorder: AnswerRecorder | None,
+        committed: Awaitable[bool] | None,
     ) -> None:
+        gate = None
+        if committed is not None:
+            gate = FinalBytesGate(
+                committed,
+                sse=response.headers.get("content-type", "").startswith("text/event-stream"),
+                length=_length(response.headers.get("content-length")),
+            )
         if responder.started:
             # The SSE stream is already open (compaction progress was sent): an
             # upstream error can only be reported in-band.
             if response.status_code >= 400:
                 body = await _bounded_read(response)
+                if gate is not None:
+                    await gate.end(responder)
                 await responder.chunk(
                     b"data: " + _as_error_event(body, response.status_code) + b"\n\n"
                 )
@@ -270,9 +288,14 @@ class ChatCompletions:
         # Raw bytes, as the upstream sent them (compressed ones stay compressed, with
         # their Content-Encoding): nothing is decoded on the way to the client.
         async for chunk in response.aiter_raw():
-            await responder.chunk(chunk)
             if recorder is not None:
                 recorder.feed(chunk)
+            if gate is None:
+                await responder.chunk(chunk)
+            else:
+                await gate.forward(chunk, responder)
+        if gate is not None:
+            await gate.end(responder)
         await responder.end()
 
     def _sse_notifier(
@@ -286,6 +309,13 @@ class ChatCompletions:
             await responder.comment(text)
 
         return notify
+
+
+def _length(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 async def _bounded_read(response: httpx.Response) -> bytes:
