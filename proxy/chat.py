@@ -238,7 +238,7 @@ class ChatCompletions:
             with mapped_errors(upstream):
                 # A RecapError from here is reported (in-band once the stream has
                 # started) where it is also logged.
-                await self._relay(response, responder, extra, recorder, committed)
+                await self._relay(response, responder, extra, recorder, committed, start, fields)
         finally:
             await response.aclose()
             if exchange is not None:
@@ -259,7 +259,13 @@ class ChatCompletions:
         extra: dict[str, str],
         recorder: AnswerRecorder | None,
         committed: Awaitable[bool] | None,
+        start: float,
+        fields: dict[str, Any],
     ) -> None:
+        upstream_id = response.headers.get("x-request-id")
+        if upstream_id:
+            fields["upstream_request_id"] = upstream_id
+        early = responder.started
         gate = None
         if committed is not None:
             gate = FinalBytesGate(
@@ -279,6 +285,10 @@ class ChatCompletions:
                 )
                 await responder.end()
                 return
+            if upstream_id:
+                # Its headers went out before the upstream answered: the upstream's
+                # request id (what its operators ask for) comes as an SSE comment instead.
+                await responder.comment(f"x-request-id: {upstream_id}")
         else:
             responder.sse = response.headers.get("content-type", "").startswith("text/event-stream")
             if responder.sse:
@@ -288,6 +298,10 @@ class ChatCompletions:
         # Raw bytes, as the upstream sent them (compressed ones stay compressed, with
         # their Content-Encoding): nothing is decoded on the way to the client.
         async for chunk in response.aiter_raw():
+            if early and "ttfb_ms" not in fields:
+                # The client's first byte was a progress comment; the log's time to
+                # first byte is the model's, as for a stream that did not compact.
+                fields["ttfb_ms"] = round((time.perf_counter() - start) * 1000, 1)
             if recorder is not None:
                 recorder.feed(chunk)
             if gate is None:
