@@ -18,16 +18,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.archive import ArchiveOriginals, Archiver
+from proxy.boundary import EXCEPTION_HANDLERS, ErrorBoundary
 from proxy.compaction.loop_stage import LoopStage
 from proxy.compaction.session_stage import SessionStage
 from proxy.compaction.summarize import Summarizer
 from proxy.compaction.trim_stage import FitToWindow, TrimStage
 from proxy.config import Config
-from proxy.errors import error_body
+from proxy.errors import NotFound
 from proxy.fingerprints import FingerprintCache
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
 from proxy.pipeline import Pipeline, Stage
 from proxy.scenes import SceneSet
+from proxy.serving import AcceptErrors
 from proxy.stages import EstimateTokens
 from proxy.state import AppState
 from proxy.store import StoreError, open_store
@@ -92,6 +94,7 @@ def create_app(config: Config) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
+        AcceptErrors().install(asyncio.get_running_loop())
         upstreams = upstream_pool(config)
         store = open_store(config.store, config.base_dir, pool=config.store_pool)
         try:
@@ -144,10 +147,7 @@ def create_app(config: Config) -> Starlette:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def not_found(request: Request) -> Response:
-        return JSONResponse(
-            error_body(f"Unknown path {request.url.path}", "invalid_request_error", "not_found"),
-            status_code=404,
-        )
+        raise NotFound(f"Unknown path {request.url.path}")
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
@@ -163,7 +163,9 @@ def create_app(config: Config) -> Starlette:
         ),
         Route("/{path:path}", not_found),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    # Inside the access log, so the line of a request that failed says 500 and why.
+    app.add_middleware(ErrorBoundary)
     app.add_middleware(AccessLog)
     # Added last, so outermost: it reads the fields the access log completes.
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -6,14 +6,17 @@
                             are written before any summary, placeholder or drop that
                             replaces them, and if that write fails the stage does not
                             compact (seed 002 §5.5)
-    after the response      queued for the background writer: the originals still
+    as it goes upstream     `begin`: queued for the background writer: the originals still
                             unwritten, the synthetic messages sent (summaries,
                             placeholders), the request's other fields (model, tools,
                             sampling, ...: `request_params`, each distinct set once), and
-                            the `request`, `trim` and `response` events; the writer puts
-                            everything queued into one transaction
+                            the `request` and `trim` events; the writer puts everything
+                            queued into one transaction, while the upstream answers; the
+                            answer's final bytes wait for it
+    after the response      `finish`: the `response` event, queued the same way
 
-So a request that compacts nothing costs no write on its way upstream, and under
+So a request that compacts nothing costs no write before it goes upstream, an
+answered request is on disk before its client has the whole answer, and under
 load many requests share one write. Event
 payloads reference messages by fingerprint; the messages table holds each distinct
 message of a conversation once. Background writes never fail a request: they are
@@ -36,6 +39,7 @@ from proxy.archived import ArchivedIndex
 from proxy.fingerprints import FingerprintCache
 from proxy.messages import Message
 from proxy.pipeline import Exchange, History
+from proxy.stages import count_for_log
 from proxy.store.base import ConversationRef, EventType, ExchangeRecord, Store, StoreError
 
 log = logging.getLogger("recap.archive")
@@ -68,6 +72,8 @@ class Archiver:
         self._known = known if known is not None else ArchivedIndex()
         self._tasks: set[asyncio.Task[None]] = set()
         self._queue: list[ExchangeRecord] = []
+        # One per queued record: resolved when it is written (or the store failed).
+        self._waiters: list[asyncio.Future[bool]] = []
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self.max_batch = 256
@@ -102,8 +108,16 @@ class Archiver:
     def event(self, conv: ConversationRef, type: EventType, payload: Mapping[str, Any]) -> None:
         self.background(self.store.append_event(conv, type, payload), f"{type} event")
 
-    def finish(self, ex: Exchange, answer: Mapping[str, Any] | None) -> None:
-        """After the response: the rest of the originals, what was sent, and the events."""
+    def begin(self, ex: Exchange) -> asyncio.Future[bool]:
+        """As the request goes upstream: the originals, what was sent, and the request event.
+
+        Queued for the writer at once, so the commit runs while the upstream answers;
+        the future resolves when it is on disk (True) or when the store failed to take
+        it (False: the record stays queued for retry, the request is not held up).
+        chat.py holds back the final bytes of the answer until it resolves, so an
+        answered request is durable even if the process is killed right after.
+        """
+        count_for_log(ex)  # tokens_after; mostly seeded counts, so cheap
         conv = ex.conversation
         rows = list(ex.unarchived)
         sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
@@ -142,13 +156,43 @@ class Archiver:
                     },
                 )
             )
-        if answer is not None:
-            events.append(("response", {"request_id": ex.request_id, **answer}))
+        return self._enqueue(ExchangeRecord(conv, rows, events, params))
 
-        self._queue.append(ExchangeRecord(conv, rows, events, params))
+    def finish(self, ex: Exchange, answer: Mapping[str, Any] | None) -> None:
+        """After the response: its event (the request's was queued by `begin`)."""
+        if answer is not None:
+            event: tuple[EventType, Mapping[str, Any]] = (
+                "response",
+                {"request_id": ex.request_id, **answer},
+            )
+            self._enqueue(ExchangeRecord(ex.conversation, [], [event]))
+
+    def _enqueue(self, record: ExchangeRecord) -> asyncio.Future[bool]:
+        loop = asyncio.get_running_loop()
+        committed: asyncio.Future[bool] = loop.create_future()
+        if self._failing:
+            # The store is known to be down: keep the record to retry, hold no one up.
+            committed.set_result(False)
+        self._queue.append(record)
+        self._waiters.append(committed)
         self._wake.set()
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.get_running_loop().create_task(self._write_queued())
+            self._writer = loop.create_task(self._write_queued())
+        return committed
+
+    def _settle(self, count: int, ok: bool) -> None:
+        """The first `count` queued records are written (ok) or were given up on."""
+        for waiter in self._waiters[:count]:
+            if not waiter.done():
+                waiter.set_result(ok)
+        del self._queue[:count]
+        del self._waiters[:count]
+
+    def _release(self, ok: bool) -> None:
+        """Tell every waiter the outcome so far, without dropping their records."""
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(ok)
 
     async def _write_queued(self) -> None:
         while True:
@@ -163,8 +207,10 @@ class Archiver:
                     if await self._store_works():
                         # Not the store: a record it cannot hold. Keep the rest of the batch.
                         await self._write_each(batch)
-                        del self._queue[: len(batch)]
+                        self._settle(len(batch), True)
                         continue
+                    # The store is down: nobody waits for it (the records stay queued).
+                    self._release(False)
                     if not self._failing:
                         log.warning("archive writes failing, kept to retry: %s", exc)
                         # The store may come back as another file (a restored backup):
@@ -179,7 +225,7 @@ class Archiver:
                     self._failing = False
                 for record in batch:
                     self._remember(record.conversation, [*record.messages, *record.params])
-                del self._queue[: len(batch)]
+                self._settle(len(batch), True)
 
     async def _store_works(self) -> bool:
         try:
@@ -204,7 +250,7 @@ class Archiver:
             total -= sizes[dropped]
             dropped += 1
         if dropped:
-            del self._queue[:dropped]
+            self._settle(dropped, False)
             log.warning("archive queue full while the store is down: %d records dropped", dropped)
 
     def background(self, work: Coroutine[Any, Any, Any], what: str) -> None:
@@ -230,6 +276,7 @@ class Archiver:
                 await asyncio.sleep(0.01)
         if self._queue:
             log.warning("%d request records not archived at shutdown", len(self._queue))
+            self._release(False)
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -22,6 +22,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from proxy.app import create_app, load_scenes
     from proxy.lifecycle import LoggedServer
     from proxy.logs import configure_logging
+    from proxy.serving import protocol_for
 
     config = load_config(_config_path(args.config))
     load_scenes(config)  # a missing or invalid scene stops here with its name
@@ -34,6 +35,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             create_app(config),
             host=host,
             port=port,
+            # h11 with a headers deadline and a bound on open connections (serving.py).
+            http=protocol_for(config.listen),
             log_config=None,  # our own logging; uvicorn's access log would duplicate ours
             access_log=False,
             timeout_graceful_shutdown=10,

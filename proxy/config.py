@@ -29,6 +29,11 @@ class ConfigError(ValueError):
 class Listen:
     host: str = "127.0.0.1"
     port: int = 8080
+    # A connection must send a request's complete headers within this long of opening
+    # (or of its keep-alive idle time after a response), else it is closed.
+    header_timeout_s: float = 15.0
+    # Open client connections at most; 0: half the process's file-descriptor limit.
+    max_connections: int = 0
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,63 @@ class Config:
         return p if p.is_absolute() else Path(self.base_dir) / p
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The range a number in the config must lie in."""
+
+    low: float = 0
+    high: float | None = None
+    # True: strictly more than `low` (a timeout of 0 is not a timeout).
+    above: bool = False
+
+    def check(self, value: float, where: str) -> None:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{where}: must be a finite number, got {value!r}")
+        if self.above and value <= self.low:
+            raise ConfigError(f"{where}: must be more than {self.low:g}, got {value!r}")
+        if value < self.low:
+            raise ConfigError(f"{where}: must be at least {self.low:g}, got {value!r}")
+        if self.high is not None and value > self.high:
+            raise ConfigError(f"{where}: must be at most {self.high:g}, got {value!r}")
+
+
+# Every number in the config is finite and at least 0 unless this table says more;
+# a key added later gets that rule without being listed.
+AT_LEAST_0 = Bound()
+_POSITIVE = Bound(0, above=True)
+_AT_LEAST_1 = Bound(1)
+_SHARE = Bound(0, 1)
+_RATIO = Bound(0, 1, above=True)
+BOUNDS: Mapping[tuple[type, str], Bound] = {
+    (Listen, "port"): Bound(0, 65535),
+    (Listen, "header_timeout_s"): _POSITIVE,
+    (Upstream, "timeout_s"): _POSITIVE,
+    (Upstream, "connect_timeout_s"): _POSITIVE,
+    (Upstream, "max_connections"): _AT_LEAST_1,
+    (SessionCompaction, "trigger_ratio"): _RATIO,
+    (SessionCompaction, "min_recent_ratio"): _SHARE,
+    (SessionCompaction, "min_compact_messages"): _AT_LEAST_1,
+    (SessionCompaction, "max_batch_messages"): _AT_LEAST_1,
+    (SessionCompaction, "max_rounds_per_request"): _AT_LEAST_1,
+    (SessionCompaction, "max_summary_chars"): _AT_LEAST_1,
+    (SessionCompaction, "max_item_chars"): _AT_LEAST_1,
+    (SessionCompaction, "failure_threshold"): _AT_LEAST_1,
+    (LoopCompaction, "loop_trigger_tool_rounds"): _AT_LEAST_1,
+    (LoopCompaction, "ttl_s"): _POSITIVE,
+    (TrimCompaction, "trim_trigger_ratio"): _RATIO,
+    (Summarizer, "timeout_s"): _POSITIVE,
+    (Summarizer, "max_concurrency"): _AT_LEAST_1,
+    (Summarizer, "guard_max_share"): _SHARE,
+    (Model, "context_window"): _AT_LEAST_1,
+    (Config, "max_body_bytes"): _AT_LEAST_1,
+    (Config, "default_context_window"): _AT_LEAST_1,
+    (Archive, "prune_interval_s"): _POSITIVE,
+    (StorePool, "max_size"): _AT_LEAST_1,
+    (StorePool, "lock_max_size"): _AT_LEAST_1,
+    (StorePool, "timeout_s"): _POSITIVE,
+}
+
+
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -209,6 +271,8 @@ def _build(cls: type, data: Any, where: str, env: Mapping[str, str], extra: dict
         if key not in fields or key in extra or key == "base_dir":
             raise ConfigError(f"unknown config key: {name}")
         kwargs[key] = _convert(hints[key], raw, name, env)
+        if hints[key] in (int, float):
+            BOUNDS.get((cls, key), AT_LEAST_0).check(kwargs[key], name)
     return cls(**kwargs)
 
 

@@ -4,14 +4,20 @@
     ├── BadRequest        400     invalid_request_error (e.g. a malformed conversation key)
     ├── Unauthorized      401     invalid_request_error / invalid_api_key
     ├── NotFound          404     invalid_request_error / not_found
+    ├── MethodNotAllowed  405     invalid_request_error / method_not_allowed
     ├── Conflict          409     invalid_request_error / nothing_to_compact, ...
     ├── PayloadTooLarge   413     invalid_request_error / request_too_large
+    ├── InternalError     500     server_error / internal_error (anything unexpected)
     ├── CompactionFailed  502     upstream_error / compaction_failed (manual compaction)
     ├── UpstreamUnreachable 502   upstream_error / upstream_unreachable
+    ├── UpstreamBadResponse 502   upstream_error / upstream_bad_response
+    ├── StoreUnavailable  503     server_error / store_unavailable (operator routes)
     └── UpstreamTimeout   504     upstream_error / upstream_timeout
 
 Upstream errors are never wrapped: their status and body pass through untouched.
-Foreign exceptions (httpx) are translated in `upstream.py`; this module knows no IO.
+Foreign exceptions are translated at one boundary each: httpx in `upstream.mapped_errors`,
+the store's in `store.base`, Starlette's routing errors and anything unexpected in
+`boundary.py`. This module knows no IO; `error_json` is the one renderer of the shape.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ class NotFound(RecapError):
     code = "not_found"
 
 
+class MethodNotAllowed(RecapError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
 class Conflict(RecapError):
     status = 409
     type = "invalid_request_error"
@@ -68,6 +80,24 @@ class UpstreamUnreachable(RecapError):
     status = 502
     type = "upstream_error"
     code = "upstream_unreachable"
+
+
+class UpstreamBadResponse(RecapError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_bad_response"
+
+
+class InternalError(RecapError):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+
+class StoreUnavailable(RecapError):
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
 
 
 class CompactionFailed(RecapError):

@@ -32,12 +32,24 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
     return token.strip()
 
 
+def is_admin_key(config: Config, token: str | None) -> bool:
+    # compare_digest: do not leak key prefixes through timing.
+    return token is not None and any(
+        hmac.compare_digest(token.encode(), k.encode()) for k in config.admin_keys
+    )
+
+
 def resolve_tenant(config: Config, headers: Mapping[str, str]) -> Tenant:
-    """The tenant whose proxy key was presented, else the open tenant, else 401."""
+    """The tenant whose proxy key was presented, else the open tenant, else 401.
+
+    An admin key is never a chat key, not even for the open tenant (which would
+    otherwise take it as "some key of the client's own" and forward it upstream).
+    """
     token = bearer_token(headers)
+    if is_admin_key(config, token):
+        raise Unauthorized("An admin key is for the /v1/recap/ operator routes only.")
     if token is not None:
         for tenant in config.tenants.values():
-            # compare_digest: do not leak key prefixes through timing.
             if any(hmac.compare_digest(token.encode(), k.encode()) for k in tenant.api_keys):
                 return tenant
     for tenant in config.tenants.values():

@@ -27,6 +27,8 @@ from proxy.store.base import (
 from proxy.store.base import NotFound as StoreNotFound
 
 MAX_PAGE = 500
+# Versions are 32-bit integers in both stores (PostgreSQL INTEGER).
+MAX_VERSION = 2**31 - 1
 
 
 def conversation_json(info: ConversationInfo) -> dict[str, Any]:
@@ -167,8 +169,8 @@ def parse_version(body: Any) -> int | None:
     version = body["version"]
     if version is None:
         return None
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise BadRequest("version must be a positive integer or null", "version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise BadRequest(f"version must be an integer from 1 to {MAX_VERSION}, or null", "version")
     return version
 
 

@@ -139,6 +139,8 @@ class AccessLog:
             if scope["path"] not in QUIET_PATHS:
                 end = time.perf_counter()
                 if first_byte:
-                    fields["ttfb_ms"] = round((first_byte[0] - start) * 1000, 1)
+                    # Unless the handler knows better (a compacting stream's first
+                    # bytes are progress comments, not the model's).
+                    fields.setdefault("ttfb_ms", round((first_byte[0] - start) * 1000, 1))
                 fields["total_ms"] = round((end - start) * 1000, 1)
                 access_log.info("request", extra={"fields": fields})

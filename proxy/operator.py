@@ -16,12 +16,12 @@ are `RecapError`s, rendered in the OpenAI error shape like every other proxy err
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -30,23 +30,24 @@ from starlette.routing import Route
 from proxy.compaction.manual import ManualResult, compact_now
 from proxy.compaction.session_stage import SessionStage
 from proxy.config import Config, Tenant
-from proxy.errors import BadRequest, CompactionFailed, Conflict, NotFound, RecapError, Unauthorized
+from proxy.errors import (
+    BadRequest,
+    CompactionFailed,
+    Conflict,
+    MethodNotAllowed,
+    NotFound,
+    Unauthorized,
+)
 from proxy.export import export_lines
-from proxy.identity import bearer_token, resolve_tenant
+from proxy.identity import bearer_token, is_admin_key, resolve_tenant
 from proxy.inspection import detail, list_page, parse_version, require, rollback, view
 from proxy.logs import log_fields
 from proxy.state import AppState
-from proxy.store.base import ConversationRef, StoreError
+from proxy.store.base import ConversationRef
 
 MAX_BODY = 64 * 1024
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 EXPORT_CHUNK = 64 * 1024
-
-
-class StoreUnavailable(RecapError):
-    status = 503
-    type = "server_error"
-    code = "store_unavailable"
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,7 @@ class Caller:
 def resolve_caller(
     config: Config, headers: Mapping[str, str], named: str | None, *, need_tenant: bool
 ) -> Caller:
-    token = bearer_token(headers)
-    if token is not None and any(
-        hmac.compare_digest(token.encode(), k.encode()) for k in config.admin_keys
-    ):
+    if is_admin_key(config, bearer_token(headers)):
         if named is not None:
             tenant = config.tenants.get(named)
             if tenant is None:
@@ -89,17 +87,11 @@ Handler = Callable[[Request, AppState, dict[str, Any]], Awaitable[Response]]
 
 def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
+        # A RecapError or StoreError raised here is rendered by the app's error
+        # boundary (boundary.py), like every other route's.
         state: AppState = request.state.recap
         fields = log_fields(request.scope)  # type: ignore[arg-type]  # the ASGI scope
-        error: RecapError
-        try:
-            return await handler(request, state, fields)
-        except RecapError as err:
-            error = err
-        except StoreError as exc:
-            error = StoreUnavailable(f"The store is unavailable: {exc}")
-        fields["error"] = error.code
-        return JSONResponse(error.body(), status_code=error.status)
+        return await handler(request, state, fields)
 
     return endpoint
 
@@ -247,16 +239,57 @@ async def _unknown(request: Request, state: AppState, fields: dict[str, Any]) ->
     raise NotFound(f"Unknown path {request.url.path} ({request.method})")
 
 
+# What may follow a conversation key: (methods, handler). None is the key alone.
+_SUBROUTES: dict[str | None, tuple[frozenset[str], Handler]] = {
+    None: (frozenset({"GET", "HEAD"}), _detail),
+    "archive": (frozenset({"GET", "HEAD"}), _export),
+    "view": (frozenset({"GET", "HEAD"}), _view),
+    "compact": (frozenset({"POST"}), _compact),
+    "rollback": (frozenset({"POST"}), _rollback),
+}
+CONVERSATIONS = "/v1/recap/conversations"
+
+
+def split_conversation_path(raw_path: bytes) -> tuple[str, str | None] | None:
+    """(key, sub-route) from the raw path, or None when it names no conversation route.
+
+    Matched on the raw (still percent-encoded) path, one segment per key: a key is
+    any text, percent-encoded as one segment (quote(key, safe="")), so a key that
+    itself ends in "/view" or holds "%" is still that key, never a sub-route.
+    """
+    prefix = CONVERSATIONS.encode() + b"/"
+    if not raw_path.startswith(prefix):
+        return None
+    parts = raw_path[len(prefix) :].split(b"/")
+    if len(parts) > 2 or not parts[0]:
+        return None
+    key = unquote_to_bytes(parts[0]).decode("utf-8", "replace")
+    if len(parts) == 1:
+        return key, None
+    sub = parts[1].decode("latin-1")
+    return (key, sub) if sub in _SUBROUTES and sub else None
+
+
+async def _conversation_route(
+    request: Request, state: AppState, fields: dict[str, Any]
+) -> Response:
+    raw = request.scope.get("raw_path") or request.scope["path"].encode("utf-8")
+    found = split_conversation_path(raw.split(b"?", 1)[0])
+    if found is None:
+        raise NotFound(f"Unknown path {request.url.path} ({request.method})")
+    key, sub = found
+    methods, handler = _SUBROUTES[sub]
+    if request.method not in methods:
+        raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}")
+    request.scope["path_params"] = {"key": key}
+    return await handler(request, state, fields)
+
+
 def operator_routes() -> list[Route]:
     """Listed before the /v1/ pass-through, which must never see /v1/recap/."""
-    base = "/v1/recap/conversations"
     return [
-        Route(base, _endpoint(_list), methods=["GET"]),
-        Route(base + "/{key:path}/archive", _endpoint(_export), methods=["GET"]),
-        Route(base + "/{key:path}/view", _endpoint(_view), methods=["GET"]),
-        Route(base + "/{key:path}/compact", _endpoint(_compact), methods=["POST"]),
-        Route(base + "/{key:path}/rollback", _endpoint(_rollback), methods=["POST"]),
-        Route(base + "/{key:path}", _endpoint(_detail), methods=["GET"]),
+        Route(CONVERSATIONS, _endpoint(_list), methods=["GET"]),
+        Route(CONVERSATIONS + "/{rest:path}", _endpoint(_conversation_route), methods=ALL_METHODS),
         Route("/v1/recap", _endpoint(_unknown), methods=ALL_METHODS),
         Route("/v1/recap/{path:path}", _endpoint(_unknown), methods=ALL_METHODS),
     ]

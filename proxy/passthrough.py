@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from proxy.config import Upstream
 from proxy.errors import RecapError
 from proxy.identity import resolve_tenant
 from proxy.logs import log_fields
@@ -29,7 +30,7 @@ from proxy.relay import (
     until_disconnect,
 )
 from proxy.state import AppState
-from proxy.upstream import request_headers, response_headers, translate, upstream_url
+from proxy.upstream import mapped_errors, request_headers, response_headers, upstream_url
 
 
 class Passthrough:
@@ -63,7 +64,9 @@ class Passthrough:
             if not has_body:
                 body_done.set()
             fields["overhead_ms"] = round((time.perf_counter() - start) * 1000, 1)
-            await until_disconnect(receive, self._forward(client, request, responder), body_done)
+            await until_disconnect(
+                receive, self._forward(client, upstream, request, responder), body_done
+            )
         except RecapError as err:
             fields["error"] = err.code
             await responder.error(err)
@@ -71,28 +74,22 @@ class Passthrough:
             fields["client_disconnected"] = True
 
     async def _forward(
-        self, client: httpx.AsyncClient, request: httpx.Request, responder: Responder
+        self,
+        client: httpx.AsyncClient,
+        upstream: Upstream,
+        request: httpx.Request,
+        responder: Responder,
     ) -> None:
-        try:
+        # A RecapError raised here is answered where it is also logged (and counted).
+        with mapped_errors(upstream):
             response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            err = translate(exc)
-            if err is None:
-                raise
-            # Answered where it is also logged (and counted).
-            raise err from None
         try:
             await responder.start(
                 response.status_code, response_headers(response.headers, decoded=False)
             )
-            try:
+            with mapped_errors(upstream):
                 async for chunk in response.aiter_raw():
                     await responder.chunk(chunk)
-            except httpx.HTTPError as exc:
-                err = translate(exc)
-                if err is None:
-                    raise
-                raise err from None
             await responder.end()
         finally:
             await response.aclose()

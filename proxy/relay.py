@@ -159,3 +159,65 @@ class Responder:
     async def json(self, status: int, body: Any) -> None:
         await self.start(status, [(b"content-type", b"application/json")])
         await self.end(json.dumps(body).encode())
+
+
+DONE_MARKER = b"data: [DONE]"
+# Past this, the answer goes out even if the archive has not confirmed its commit: a
+# store that hangs must not hang the client (the record stays queued for retry).
+COMMIT_WAIT_S = 10.0
+
+
+class FinalBytesGate:
+    """Forwards an answer as it arrives, except its final bytes: those wait for `committed`.
+
+    So a client never holds a complete answer whose request is not yet on disk. What is
+    held back: in an SSE stream, the `data: [DONE]` event onwards (or, without one, only
+    the end of the body); in a body with a Content-Length, its last chunk; in one
+    without, one chunk at a time. Everything before goes out at once, so the first
+    byte is never delayed; the commit started before the request went upstream, so by
+    the end of a model's answer it is normally long done.
+    """
+
+    def __init__(self, committed: Awaitable[bool], *, sse: bool, length: int | None) -> None:
+        self._committed = committed
+        self._sse = sse
+        self._length = length
+        self._seen = 0
+        self._tail = b""
+        self._held = b""
+        self._open = False
+
+    async def _wait(self) -> None:
+        if not self._open:
+            self._open = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._committed), COMMIT_WAIT_S)
+
+    async def forward(self, chunk: bytes, responder: Responder) -> None:
+        if self._open:
+            await responder.chunk(chunk)
+            return
+        self._seen += len(chunk)
+        if self._sse:
+            window = self._tail + chunk
+            at = window.find(DONE_MARKER)
+            self._tail = window[-len(DONE_MARKER) :]
+            if at < 0:
+                await responder.chunk(chunk)
+                return
+            split = max(0, at - (len(window) - len(chunk)))
+            await responder.chunk(chunk[:split])
+            await self._wait()
+            await responder.chunk(chunk[split:])
+        elif self._length is not None:
+            if self._seen >= self._length:
+                await self._wait()
+            await responder.chunk(chunk)
+        else:
+            await responder.chunk(self._held)
+            self._held = chunk
+
+    async def end(self, responder: Responder) -> None:
+        await self._wait()
+        await responder.chunk(self._held)
+        self._held = b""

@@ -6,21 +6,23 @@ split into SSE lines, the `data:` payloads parsed in one go, and the assistant
 message rebuilt from the deltas: content and refusal concatenated, tool calls
 assembled by index with their arguments joined, the finish reason and usage kept.
 A non-streamed JSON answer is parsed whole. Bounded: past `limit` bytes the
-recorder stops collecting (the stream itself goes on).
+recorder stops collecting (the stream itself goes on), and a compressed answer is
+decoded only up to `limit` bytes (else it is archived as truncated).
 """
 
 from __future__ import annotations
 
 import json
-import zlib
 from typing import Any
+
+from proxy.encoding import TooLarge, Undecodable, decode, encodings
 
 
 class AnswerRecorder:
     def __init__(self, streamed: bool, encoding: str = "", limit: int = 8 * 1024 * 1024) -> None:
         self.streamed = streamed
         # The copy is of the raw bytes; a Content-Encoding is undone only when reading it.
-        self.encoding = encoding.strip().lower()
+        self.encoding = encoding
         self.limit = limit
         self.size = 0
         self.truncated = False
@@ -44,19 +46,17 @@ class AnswerRecorder:
 
     def _decoded(self) -> bytes | None:
         body = bytes(self._body)
-        if self.encoding in ("", "identity"):
+        codings = encodings(self.encoding)
+        if not codings:
             return body
         try:
-            if self.encoding in ("gzip", "x-gzip"):
-                return zlib.decompress(body, wbits=16 + zlib.MAX_WBITS)
-            if self.encoding == "deflate":
-                try:
-                    return zlib.decompress(body)
-                except zlib.error:
-                    return zlib.decompress(body, wbits=-zlib.MAX_WBITS)
-        except zlib.error:
+            # Bounded after decoding too: a small compressed answer can be huge decoded.
+            return decode(body, codings, self.limit)
+        except TooLarge:
+            self.truncated = True
             return None
-        return None  # an encoding we cannot read here (br, zstd): archived as unparsed
+        except Undecodable:
+            return None  # an encoding we cannot read (zstd) or a broken body: unparsed
 
     def _parse_stream(self, body: bytes) -> None:
         payloads = []

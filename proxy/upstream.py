@@ -1,20 +1,22 @@
 """Forwarding to the upstream API: clients, headers, and the one httpx boundary.
 
 IO edge of the data path. Every httpx exception that can escape a model call is
-translated to a RecapError here (`translate`), so the rest of the proxy never
+translated to a RecapError here (`mapped_errors`), so the rest of the proxy never
 imports httpx's exception tree. Timeouts are explicit: httpx's 5 s defaults
 would kill long model calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from urllib.parse import urlsplit
 
 import httpx
 
 from proxy.config import Upstream
-from proxy.errors import RecapError, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import RecapError, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the transport recomputes.
 HOP_BY_HOP = frozenset(
@@ -37,8 +39,11 @@ HOP_BY_HOP = frozenset(
 # uvicorn-based upstreams (vLLM, ...) close idle connections, so the proxy never sends a
 # request on a connection the upstream is closing at that moment (a 502 on a good request).
 KEEPALIVE_S = 4.0
-# Headers only the proxy reads; the upstream never sees them.
-RECAP_REQUEST_HEADERS = frozenset({"x-recap-compaction"})
+# Recap's own header namespace. A client may send some of them to Recap (e.g.
+# x-recap-compaction), which reads them here; none is forwarded, so only the proxy itself
+# sets x-recap-* upstream (x-recap-purpose on its summarizer calls) and an upstream
+# gateway can trust them.
+RECAP_HEADER_PREFIX = "x-recap-"
 
 
 # Clients per upstream, used in turn. httpcore's pool does O(connections x idle
@@ -112,7 +117,7 @@ def request_headers(
     out: list[tuple[bytes, bytes]] = []
     for k, v in raw:
         name = k.decode("latin-1").lower()
-        if name in HOP_BY_HOP or name in RECAP_REQUEST_HEADERS:
+        if name in HOP_BY_HOP or name.startswith(RECAP_HEADER_PREFIX):
             continue
         if name == "authorization" and upstream.api_key:
             continue
@@ -146,8 +151,14 @@ def response_headers(
     return out
 
 
-def translate(exc: Exception) -> RecapError | None:
-    """Map a foreign (httpx) exception to the proxy's own error; None if not ours to map."""
+def upstream_host(upstream: Upstream) -> str:
+    """host[:port] of the upstream, for errors and logs (never its path or credentials)."""
+    netloc = urlsplit(upstream.base_url).netloc
+    return netloc.rpartition("@")[2] or upstream.base_url
+
+
+def translate(exc: httpx.HTTPError, host: str) -> RecapError:
+    """The proxy's own error for a foreign (httpx) one, naming the upstream host."""
     if isinstance(exc, httpx.TimeoutException):
         kind = {
             httpx.ConnectTimeout: "connecting to",
@@ -155,9 +166,26 @@ def translate(exc: Exception) -> RecapError | None:
             httpx.WriteTimeout: "writing to",
             httpx.PoolTimeout: "waiting for a connection to",
         }.get(type(exc), "talking to")
-        return UpstreamTimeout(f"Timed out {kind} the upstream API.")
+        return UpstreamTimeout(f"Timed out {kind} the upstream API at {host}.")
     if isinstance(exc, httpx.ConnectError):
-        return UpstreamUnreachable("Could not connect to the upstream API.")
+        return UpstreamUnreachable(f"Could not connect to the upstream API at {host}.")
     if isinstance(exc, httpx.TransportError):
-        return UpstreamUnreachable(f"The upstream connection failed: {type(exc).__name__}.")
-    return None
+        return UpstreamUnreachable(
+            f"The connection to the upstream API at {host} failed: {type(exc).__name__}."
+        )
+    return UpstreamBadResponse(
+        f"The upstream API at {host} sent an answer the proxy cannot read: {type(exc).__name__}."
+    )
+
+
+@contextlib.contextmanager
+def mapped_errors(upstream: Upstream) -> Iterator[None]:
+    """The one boundary of httpx's exceptions: inside it, each becomes a RecapError.
+
+    Used around every send and every read of an upstream answer (chat, pass-through,
+    summarizer), so no other module handles httpx's exception tree.
+    """
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise translate(exc, upstream_host(upstream)) from None

@@ -61,6 +61,9 @@ class Recorded:
 
     @property
     def json(self) -> Any:
+        # A body the client sent compressed reaches the fake as it was sent.
+        if self.headers.get("content-encoding") == "gzip":
+            return json.loads(gzip.decompress(self.body))
         return json.loads(self.body)
 
 
@@ -185,7 +188,7 @@ class FakeUpstream:
 
     async def _answer(self, request: Request) -> Response:
         rec = await self._record(request)
-        body = json.loads(rec.body)
+        body = rec.json
         answer = self.reply_to(rec, body)
         reply = await answer if inspect.isawaitable(answer) else answer
         if reply.delay_s:

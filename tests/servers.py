@@ -13,8 +13,11 @@ import uvicorn
 
 
 @contextmanager
-def serve(app: Any, *, lifespan: str = "on") -> Iterator[str]:
-    """Serve `app` on 127.0.0.1 on a free port; yields its base URL."""
+def serve(app: Any, *, lifespan: str = "on", http: Any = "h11") -> Iterator[str]:
+    """Serve `app` on 127.0.0.1 on a free port; yields its base URL.
+
+    `http`: uvicorn's protocol, e.g. `proxy.serving.protocol_for(config.listen)` as
+    `recap serve` uses it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -23,6 +26,7 @@ def serve(app: Any, *, lifespan: str = "on") -> Iterator[str]:
         app,
         log_level="warning",
         lifespan=lifespan,
+        http=http,
         access_log=False,
         log_config=None,
         timeout_graceful_shutdown=2,

@@ -102,3 +102,58 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     bad.write_text("listen: [unclosed\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("data", "name"),
+    [
+        (
+            {"tenants": {"a": {"compaction": {"session": {"trigger_ratio": -3}}}}},
+            "tenants.a.compaction.session.trigger_ratio",
+        ),
+        (
+            {"tenants": {"a": {"compaction": {"session": {"trigger_ratio": 1.5}}}}},
+            "tenants.a.compaction.session.trigger_ratio",
+        ),
+        ({"default_context_window": -5}, "default_context_window"),
+        (
+            {"tenants": {"a": {"upstream": {"max_connections": 0}}}},
+            "tenants.a.upstream.max_connections",
+        ),
+        ({"tenants": {"a": {"upstream": {"timeout_s": 0}}}}, "tenants.a.upstream.timeout_s"),
+        (
+            {"tenants": {"a": {"summarizer": {"upstream": {"max_connections": -1}}}}},
+            "tenants.a.summarizer.upstream.max_connections",
+        ),
+        ({"models": {"m": {"context_window": 0}}}, "models.m.context_window"),
+        ({"max_body_bytes": 0}, "max_body_bytes"),
+        ({"listen": {"port": 70000}}, "listen.port"),
+        (
+            {"tenants": {"a": {"compaction": {"loop": {"ttl_s": float("nan")}}}}},
+            "tenants.a.compaction.loop.ttl_s",
+        ),
+        (
+            {"tenants": {"a": {"compaction": {"trim": {"trim_keep_recent": -1}}}}},
+            "tenants.a.compaction.trim.trim_keep_recent",
+        ),
+    ],
+)
+def test_out_of_range_numbers_rejected_by_name(data: dict, name: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{name}: must be"):
+        parse_config(data, env={})
+
+
+def test_in_range_edges_load() -> None:
+    cfg = parse_config(
+        {
+            "default_context_window": 1,
+            "tenants": {
+                "a": {
+                    "upstream": {"max_connections": 1},
+                    "compaction": {"session": {"trigger_ratio": 1, "min_recent_ratio": 0}},
+                }
+            },
+        },
+        env={},
+    )
+    assert cfg.tenants["a"].compaction.session.trigger_ratio == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +59,12 @@ def test_connection_refused_is_502(proxy_factory: Callable[..., str], tmp_path: 
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_unreachable"
     assert r.json()["error"]["type"] == "upstream_error"
+    # It names the upstream it could not reach (host and port, never a path or key).
+    assert dead.removeprefix("http://") in r.json()["error"]["message"]
+    # So does a pass-through route's.
+    r = httpx.get(f"{url}/models")
+    assert r.status_code == 502
+    assert dead.removeprefix("http://") in r.json()["error"]["message"]
 
 
 def test_read_timeout_is_504(
@@ -75,11 +80,11 @@ def test_read_timeout_is_504(
 
     url = proxy_factory(parse_config(cfg_data, env={}, base_dir=str(tmp_path)))
     fake.script([Reply(delay_s=3)])
-    start = time.monotonic()
     r = httpx.post(f"{url}/chat/completions", json=BODY, timeout=10)
+    # The proxy's 0.5 s read timeout fired (the upstream would have answered 200 at 3 s).
     assert r.status_code == 504
     assert r.json()["error"]["code"] == "upstream_timeout"
-    assert time.monotonic() - start < 2.5
+    assert "reading from" in r.json()["error"]["message"]
 
 
 def test_stalled_stream_ends_at_read_timeout_with_error_event(
@@ -99,12 +104,11 @@ def test_stalled_stream_ends_at_read_timeout_with_error_event(
     )
     url = proxy_factory(cfg)
     fake.script([Reply(content="a b c d", stall_after=2)])
-    start = time.monotonic()
+    # The stall is an hour long: the stream ending at all is the proxy's read timeout.
     with httpx.stream(
         "POST", f"{url}/chat/completions", json={**BODY, "stream": True}, timeout=10
     ) as r:
         events = [line for line in r.iter_lines() if line.startswith("data:")]
-    assert time.monotonic() - start < 5
     assert len(events) == 3  # two real events, then the proxy's error event
     assert json.loads(events[0][5:])["object"] == "chat.completion.chunk"
     assert json.loads(events[-1][5:])["error"]["code"] == "upstream_timeout"

@@ -64,13 +64,12 @@ def test_upstream_connect_timeout_is_504(
         tenants={"default": {"upstream": config_upstream}},
     )
     for body in ({}, {"stream": True}):
-        begun = time.monotonic()
+        # The event the old time bound stood for: the proxy's own connect timeout fired
+        # (it says "connecting"), not the client's 10 s one.
         r = post(proxy, [{"role": "user", "content": "hi"}], "ct", timeout=10, **body)
-        took = time.monotonic() - begun
         assert r.status_code == 504
         assert r.json()["error"]["code"] == "upstream_timeout"
         assert "connecting" in r.json()["error"]["message"]
-        assert 0.4 < took < 3.0
     # The pass-through routes share the boundary.
     r = httpx.get(f"{proxy}/models", timeout=10)
     assert r.status_code == 504
@@ -103,8 +102,16 @@ def test_disconnect_during_compaction_cancels_the_summarizer_call(
     fake, url = upstream
     fake.answer = lambda body: Answer(content=SUMMARY, delay_s=3600)
     proxy = start(url)
-    with pytest.raises(httpx.ReadTimeout):
-        post(proxy, history(), "gone-json", timeout=1.0)
+    # The client hangs up once the summarizer call has arrived (the event, not a timer).
+    host, port = proxy.removeprefix("http://").removesuffix("/v1").split(":")
+    payload = json.dumps({"model": MODEL, "messages": history()}).encode()
+    with closing(socket.create_connection((host, int(port)))) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"x-conversation-id: gone-json\r\ncontent-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        assert fake.arrived.wait(30)
     assert wait_until(lambda: fake.abandoned == 1), "the summarizer call was not cancelled"
     # Streaming: the client sees the progress comment, then hangs up mid-call.
     fake.arrived.clear()
@@ -202,11 +209,11 @@ def test_slow_reader_blocks_nobody_and_is_not_buffered(
         )
         slow.recv(1024)  # the response has started; from now on nothing is read
         assert wait_until(lambda: fake.fake.streams_open == 1)
-        begun = time.monotonic()
         for i in range(10):
-            r = post(proxy, [{"role": "user", "content": f"hi {i}"}], f"other-{i}", timeout=5)
+            r = post(proxy, [{"role": "user", "content": f"hi {i}"}], f"other-{i}", timeout=30)
             assert r.status_code == 200
-        assert time.monotonic() - begun < 3.0
+        # Served while the stalled stream is still open: beside it, not after it.
+        assert fake.fake.streams_open == 1
         # The answer is ~34 MB; what the upstream could hand over stops growing, far short
         # of it: the proxy stopped reading (socket buffers hold the rest), not buffering.
         assert wait_until(lambda: fake.chat_bytes > 1_000_000)

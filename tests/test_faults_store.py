@@ -226,6 +226,7 @@ async def test_a_record_the_store_cannot_hold_blocks_no_other(tmp_path: Path) ->
                 context_window=1000,
                 measure=Measure(TokenCounter(), None),
             )
+            archiver.begin(exchange)
             archiver.finish(exchange, {"status": 200})
         await archiver.drain(timeout=5)
         written = [

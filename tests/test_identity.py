@@ -95,3 +95,10 @@ def test_classify(last: dict, expected: Classification) -> None:
 def test_classify_garbage() -> None:
     assert classify([]) == Classification.OTHER
     assert classify(["not a dict"]) == Classification.OTHER
+
+
+def test_admin_key_is_never_a_tenant_key() -> None:
+    cfg = parse_config({"admin_keys": ["adm-1"], "tenants": {"open": {}}}, env={})
+    with pytest.raises(Unauthorized):
+        resolve_tenant(cfg, {"authorization": "Bearer adm-1"})
+    assert resolve_tenant(cfg, {"authorization": "Bearer adm-2"}).name == "open"

@@ -21,10 +21,11 @@ import httpx
 from proxy.compaction.framing import check_summary, extract_summary
 from proxy.compaction.guard import guard_summary
 from proxy.config import Tenant
+from proxy.errors import RecapError
 from proxy.messages import json_bytes
 from proxy.scenes import Scene, render
 from proxy.store.base import ConversationRef
-from proxy.upstream import UpstreamPool, translate, upstream_url
+from proxy.upstream import UpstreamPool, mapped_errors, upstream_url
 
 # Marks the proxy's own calls, so an upstream gateway can tell them from the client's.
 PURPOSE_HEADER = "x-recap-purpose"
@@ -93,24 +94,22 @@ class Summarizer:
         start = time.perf_counter()
         async with self._slots.setdefault(tenant.name, asyncio.Semaphore(1)):
             try:
-                response = await asyncio.wait_for(
-                    client.post(
-                        upstream_url(upstream, "/v1/chat/completions", b""),
-                        content=json_bytes(body),
-                        # latin-1: the client's Authorization is forwarded byte for byte.
-                        headers=httpx.Headers(headers, encoding="latin-1"),
-                        timeout=timeout,
-                    ),
-                    # A hard bound too: a trickling response must not outlive the budget.
-                    timeout=tenant.summarizer.timeout_s + upstream.connect_timeout_s,
-                )
+                with mapped_errors(upstream):
+                    response = await asyncio.wait_for(
+                        client.post(
+                            upstream_url(upstream, "/v1/chat/completions", b""),
+                            content=json_bytes(body),
+                            # latin-1: the client's Authorization is forwarded byte for byte.
+                            headers=httpx.Headers(headers, encoding="latin-1"),
+                            timeout=timeout,
+                        ),
+                        # A hard bound too: a trickling response must not outlive the budget.
+                        timeout=tenant.summarizer.timeout_s + upstream.connect_timeout_s,
+                    )
             except TimeoutError:
                 raise SummarizerFailed("timeout") from None
-            except httpx.HTTPError as exc:
-                err = translate(exc)
-                raise SummarizerFailed(
-                    err.code if err and err.code else type(exc).__name__
-                ) from None
+            except RecapError as err:
+                raise SummarizerFailed(err.code or type(err).__name__) from None
         duration_ms = int((time.perf_counter() - start) * 1000)
         if response.status_code != 200:
             raise SummarizerFailed(f"upstream status {response.status_code}")

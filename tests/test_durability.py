@@ -1,0 +1,157 @@
+"""An answered request is durable (issue 13 item 3): SIGKILL right after answers, under load.
+
+`recap serve` runs as a real subprocess on each store backend; several clients send
+chat requests (streamed and not) on their own conversations, and the proxy is killed
+with SIGKILL by a client thread the moment it holds a complete answer, at a different
+point in each round. After every round the archive must hold, for each request that
+got a complete 200 answer, its request event and every original message exactly as
+sent. (The archive commits the request's record while the upstream answers, and the
+answer's final bytes wait for that commit.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from proxy.store import open_store
+from proxy.store.base import ConversationRef
+from tests.fakes import FakeUpstream, Reply
+from tests.pg import fresh_schema, postgres_url
+from tests.servers import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+CLIENTS = 6
+# Completions after which a client kills the proxy, one round each.
+KILL_AFTER = (3, 17, 30)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'recap.db'}"
+        return
+    with fresh_schema(postgres_url()) as url:
+        yield url
+
+
+def start(config: Path, port: int, cwd: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    while True:  # until it answers (or it died: then the test fails, it does not hang)
+        assert proc.poll() is None, "the proxy exited before it was ready"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+
+
+def one(base: str, conv: str, stream: bool) -> list[dict[str, Any]] | None:
+    """One request; its messages if it got a complete 200 answer, else None."""
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": f"hello from {conv}"},
+    ]
+    body = {"model": "m", "messages": messages, "stream": stream}
+    headers = {"x-conversation-id": conv}
+    try:
+        if not stream:
+            r = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=30)
+            ok = r.status_code == 200 and bool(r.json()["choices"][0]["message"]["content"])
+            return messages if ok else None
+        with httpx.stream(
+            "POST", f"{base}/v1/chat/completions", json=body, headers=headers, timeout=30
+        ) as s:
+            if s.status_code != 200:
+                return None
+            lines = list(s.iter_lines())
+        return messages if "data: [DONE]" in lines else None
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def load_until_killed(
+    proc: subprocess.Popen[bytes], base: str, round_: int, kill_after: int
+) -> dict[str, list[dict[str, Any]]]:
+    """CLIENTS threads send requests until one of them kills the proxy after the
+    `kill_after`-th complete answer; the answered conversations and their messages."""
+    answered: dict[str, list[dict[str, Any]]] = {}
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        n = 0
+        while proc.poll() is None:
+            conv = f"r{round_}-c{i}-{n}"
+            n += 1
+            messages = one(base, conv, stream=(i + n) % 2 == 0)
+            if messages is None:
+                continue
+            with lock:
+                answered[conv] = messages
+                if len(answered) == kill_after:
+                    proc.kill()  # SIGKILL: right after a complete answer
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    proc.wait()
+    return answered
+
+
+def test_answered_requests_survive_sigkill(
+    store_url: str, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    fake.script([Reply(content="one two three four five six")])
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "store": store_url,
+                "scenes_dir": str(REPO / "scenes"),
+                "tenants": {"default": {"upstream": {"base_url": f"{upstream_url}/v1"}}},
+            }
+        )
+    )
+    answered: dict[str, list[dict[str, Any]]] = {}
+    for round_, kill_after in enumerate(KILL_AFTER):
+        port = free_port()
+        proc = start(config, port, tmp_path)
+        answered.update(load_until_killed(proc, f"http://127.0.0.1:{port}", round_, kill_after))
+        assert proc.returncode == -9
+    assert len(answered) >= sum(KILL_AFTER)
+
+    async def missing() -> list[str]:
+        out = []
+        async with open_store(store_url, str(tmp_path)) as store:
+            for conv, messages in answered.items():
+                ref = ConversationRef("default", conv)
+                event = await store.last_event(ref, "request")
+                if event is None:
+                    out.append(f"{conv}: no request event")
+                    continue
+                fps = event.payload["messages"]
+                bodies = await store.archived_messages(ref, fps)
+                if [json.loads(bodies[fp]) for fp in fps if fp in bodies] != messages:
+                    out.append(f"{conv}: messages missing or changed")
+        return out
+
+    assert asyncio.run(missing()) == []
