@@ -225,10 +225,7 @@ def in_workdir(
 
 
 def write_config(path: Path, data: dict[str, Any]) -> Path:
-    """Write Recap's config; the repository's scenes unless the config names its own."""
-    scenes = REPO / "scenes"
-    if scenes.is_dir():
-        data = {"scenes_dir": str(scenes), **data}
+    """Write Recap's config (the packaged prompts unless the config names a scenes_dir)."""
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 

@@ -78,7 +78,6 @@ def proxy(fake: FakeUpstream, tmp_path: Path) -> Iterator[str]:
     with serve(fake.app) as upstream:
         data = {
             "store": f"sqlite:///{tmp_path / 'recap.db'}",
-            "scenes_dir": str(Path(__file__).resolve().parent.parent / "scenes"),
             "admin_keys": [ADMIN],
             "tenants": {
                 "default": {

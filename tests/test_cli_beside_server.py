@@ -118,7 +118,6 @@ def config(tmp_path: Path) -> Iterator[Path]:
     with serve(fake.app) as upstream:
         data = {
             "store": f"sqlite:///{tmp_path / 'recap.db'}",
-            "scenes_dir": str(REPO / "scenes"),
             "tenants": {
                 "default": {"api_keys": [], "upstream": {"base_url": f"{upstream}/v1"}},
             },

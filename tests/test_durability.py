@@ -126,7 +126,6 @@ def test_answered_requests_survive_sigkill(
         yaml.safe_dump(
             {
                 "store": store_url,
-                "scenes_dir": str(REPO / "scenes"),
                 "tenants": {"default": {"upstream": {"base_url": f"{upstream_url}/v1"}}},
             }
         )

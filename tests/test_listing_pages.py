@@ -76,7 +76,6 @@ def test_small_pages_skip_no_conversation_sharing_updated_at(
         yaml.safe_dump(
             {
                 "store": f"sqlite:///{db}",
-                "scenes_dir": str(REPO / "scenes"),
                 "tenants": {"default": {"upstream": {"base_url": f"{upstream_url}/v1"}}},
             }
         )
