@@ -23,6 +23,7 @@ from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
 from proxy.measure import Measure
 from proxy.messages import classify, json_bytes
+from proxy.offload import off_loop
 from proxy.pipeline import Control, Exchange
 from proxy.relay import (
     ClientDisconnected,
@@ -89,7 +90,7 @@ class ChatCompletions:
             tenant = resolve_tenant(config, headers)
             fields["tenant"] = tenant.name
             raw = await read_body(receive, config.max_body_bytes, content_length(scope))
-            body, why = parse_chat(raw)
+            body, why = await off_loop(len(raw), lambda: parse_chat(raw))
             exchange: Exchange | None = None
             if body is None:
                 fields["passthrough_reason"] = why

@@ -39,7 +39,9 @@ Caching. An LRU on the instance, keyed by (encoding name, fingerprint), so a lon
 already seen costs one hash per message to count again. Encoders are loaded lazily, once
 per instance, and shared by all requests. Nothing here awaits, so under asyncio every call
 runs to completion; the first load of an encoding takes about 0.3 s, so the app may warm
-it at startup by calling `encoding_name(model)`.
+it at startup by calling `encoding_name(model)`. Large requests are counted in a worker
+thread (`proxy.offload`): the LRU is guarded by a lock, and any one text costs at most a
+few tens of ms to count however long or pathological it is (`proxy.textcount`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import json
 import logging
 import math
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +65,7 @@ from typing import Any
 import tiktoken
 
 from proxy.messages import fingerprint
+from proxy.textcount import bounded
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +201,9 @@ class TokenCounter:
         # None records a load that failed, so it is not retried on every request.
         self._encoders: dict[str, tiktoken.Encoding | None] = {}
         self._cache: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # Large requests are counted in worker threads (proxy.offload) while the loop counts
+        # others: the LRU's check-then-move must not interleave with another's eviction.
+        self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
         self._warned: set[str] = set()
@@ -254,17 +261,19 @@ class TokenCounter:
             else self._cache_key(message, name)
         )
         if key is not None:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                self._hits += 1
-                return cached
-            self._misses += 1
+            with self._lock:
+                cached = self._cache.get(key)
+                if cached is not None:
+                    self._cache.move_to_end(key)
+                    self._hits += 1
+                    return cached
+                self._misses += 1
         n = message_tokens(message, _text_counter(encoder))
         if key is not None:
-            self._cache[key] = n
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            with self._lock:
+                self._cache[key] = n
+                if len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
         return n
 
     def _cache_key(self, message: Any, name: str) -> tuple[str, str] | None:
@@ -320,11 +329,12 @@ def estimate_chars(text: str) -> int:
 
 
 def _text_counter(encoder: tiktoken.Encoding | None) -> Callable[[str], int]:
+    # Bounded: a huge or pathological text costs a few ms, never seconds (textcount.py).
     if encoder is None:
-        return estimate_chars
+        return bounded(estimate_chars)
     # encode_ordinary: special-token strings in user text are ordinary text, never an error.
     encode = encoder.encode_ordinary
-    return lambda text: len(encode(text))
+    return bounded(lambda text: len(encode(text)))
 
 
 def message_tokens(message: Any, count: Callable[[str], int]) -> int:
