@@ -26,7 +26,7 @@ from proxy.config import Config
 from proxy.errors import error_body
 from proxy.fingerprints import FingerprintCache
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
-from proxy.offload import CountOffLoop
+from proxy.offload import MeasureOffLoop
 from proxy.pipeline import Pipeline, Stage
 from proxy.scenes import SceneSet
 from proxy.stages import EstimateTokens
@@ -71,8 +71,8 @@ def build_stages(state: AppState) -> list[Stage]:
     scenes = load_scenes(config)
     summarizer = Summarizer(state.upstreams, config.tenants)
     return [
+        MeasureOffLoop(),
         ArchiveOriginals(state.archiver, state.fingerprints),
-        CountOffLoop(),
         SessionStage(state.store, summarizer, scenes, state.counter, config.tenants),
         LoopStage(state.store, summarizer, scenes),
         TrimStage(),

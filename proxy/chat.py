@@ -23,7 +23,7 @@ from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
 from proxy.measure import Measure
 from proxy.messages import classify, json_bytes
-from proxy.offload import off_loop
+from proxy.offload import in_slices, off_loop, sized
 from proxy.pipeline import Control, Exchange
 from proxy.relay import (
     ClientDisconnected,
@@ -100,7 +100,10 @@ class ChatCompletions:
                     extra={"request_id": fields["request_id"]},
                 )
             else:
-                conv = conversation_ref(config, tenant, headers, body)
+                parsed = body
+                conv = await off_loop(
+                    len(raw), lambda: conversation_ref(config, tenant, headers, parsed)
+                )
                 model = body.get("model") if isinstance(body.get("model"), str) else None
                 exchange = Exchange(
                     request_id=fields["request_id"],
@@ -146,7 +149,8 @@ class ChatCompletions:
                 exchange.notify = self._sse_notifier(responder, exchange)
             await state.pipeline.run(exchange)
             if exchange.changed:
-                payload = encode_body(exchange.body, exchange.messages)
+                ex = exchange
+                payload = await off_loop(len(raw), lambda: encode_body(ex.body, ex.messages))
         upstream = tenant.upstream
         client = state.upstreams.client(upstream)
         overhead_ms = round((time.perf_counter() - start) * 1000, 1)
@@ -157,8 +161,9 @@ class ChatCompletions:
         request = client.build_request(
             "POST",
             upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
-            headers=request_headers(scope["headers"], upstream, keep_encoding=True),
-            content=payload,
+            headers=request_headers(scope["headers"], upstream, keep_encoding=True)
+            + sized(payload),
+            content=in_slices(payload),
         )
         try:
             response = await client.send(request, stream=True)
