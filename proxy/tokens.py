@@ -27,9 +27,10 @@ with one warning per counter instance.
 
 How a message is counted (OpenAI cookbook, "How to count tokens with tiktoken"): 3 tokens
 per message, plus the role, content and name (name +1), plus 3 for the reply priming in
-`count_messages`. Content parts: text and refusal parts by their text; image_url parts a
-fixed 85 tokens for detail "low" and 765 otherwise (a 1024x1024 image at high detail:
-4 tiles * 170 + 85), never the URL, which may be a megabyte of base64. Tool calls: 3 per
+`count_messages`. Content parts: text and refusal parts by their text; attachments
+(image_url, input_audio, file) by what the provider bills for them (`proxy.attachments`:
+an image by its tiles, audio by its duration, a PDF by its pages), never by their base64,
+which may be megabytes. Tool calls: 3 per
 call plus the function name and arguments; tool_call_id and legacy function_call are
 counted as text. Only the fields that make up `messages.fingerprint` are counted (vendor
 extras such as reasoning_content are not), so a count is a function of the fingerprint and
@@ -64,6 +65,7 @@ from typing import Any
 
 import tiktoken
 
+from proxy import attachments
 from proxy.messages import fingerprint
 from proxy.textcount import bounded
 
@@ -73,8 +75,8 @@ TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 REPLY_PRIMING_TOKENS = 3
 TOKENS_PER_TOOL_CALL = 3
-IMAGE_TOKENS_LOW = 85
-IMAGE_TOKENS_DEFAULT = 765
+IMAGE_TOKENS_LOW = attachments.IMAGE_BASE
+IMAGE_TOKENS_DEFAULT = attachments.tiles_tokens(*attachments.DEFAULT_IMAGE_SIZE)  # 765
 
 DEFAULT_ENCODING = "o200k_base"
 CHARS = "chars"
@@ -376,10 +378,8 @@ def _part_tokens(part: Any, count: Callable[[str], int]) -> int:
         kind = part.get("type")
         if kind in ("text", "refusal") and isinstance(part.get(kind), str):
             return count(part[kind])
-        if kind == "image_url":
-            image = part.get("image_url")
-            low = isinstance(image, Mapping) and image.get("detail") == "low"
-            return IMAGE_TOKENS_LOW if low else IMAGE_TOKENS_DEFAULT
+        if attachments.is_attachment(part):
+            return attachments.tokens(part)
     return _value_tokens(part, count)
 
 
