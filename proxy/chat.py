@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
 
+from proxy.calibration import calibrate
 from proxy.config import Tenant
 from proxy.errors import RecapError
 from proxy.identity import conversation_ref, resolve_tenant
@@ -24,6 +25,7 @@ from proxy.logs import log_fields
 from proxy.measure import Measure
 from proxy.messages import classify, json_bytes
 from proxy.offload import in_slices, off_loop, sized
+from proxy.overflow import MAX_ERROR_BYTES, detect, retry_exchange, retry_window
 from proxy.pipeline import Control, Exchange
 from proxy.relay import (
     ClientDisconnected,
@@ -112,7 +114,10 @@ class ChatCompletions:
                     headers=headers,
                     body=body,
                     classification=classify(body["messages"]),
-                    context_window=config.context_window(model),
+                    # In Recap's tokens, as calibrated from this tenant's usage for the model.
+                    context_window=state.calibration.window(
+                        tenant.name, model, config.context_window(model)
+                    ),
                     measure=Measure(state.counter, model),
                     control=control_of(headers),
                     body_bytes=len(raw),
@@ -143,37 +148,25 @@ class ChatCompletions:
         start: float,
     ) -> None:
         fields = log_fields(scope)
-        payload = raw
-        if exchange is not None:
-            if exchange.stream:
-                exchange.notify = self._sse_notifier(responder, exchange)
-            await state.pipeline.run(exchange)
-            if exchange.changed:
-                ex = exchange
-                payload = await off_loop(len(raw), lambda: encode_body(ex.body, ex.messages))
-        upstream = tenant.upstream
-        client = state.upstreams.client(upstream)
+        if exchange is not None and exchange.stream:
+            exchange.notify = self._sse_notifier(responder, exchange)
+        payload = await self._plan(state, raw, exchange)
+        response = await self._send(state, scope, tenant, payload, responder)
+        if response is None:
+            return
+        if exchange is not None and response.status_code in (400, 413):
+            # A context-length error before any of the answer reached the client: plan
+            # again, harder, and send once more (proxy/overflow.py).
+            response, exchange = await self._recover(
+                state, scope, tenant, raw, exchange, response, responder
+            )
+            if response is None:
+                return
         overhead_ms = round((time.perf_counter() - start) * 1000, 1)
         fields["overhead_ms"] = overhead_ms
         extra = {"x-recap-overhead-ms": str(overhead_ms)}
         if exchange is not None:
             extra.update(exchange.response_headers)
-        request = client.build_request(
-            "POST",
-            upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
-            headers=request_headers(scope["headers"], upstream, keep_encoding=True)
-            + sized(payload),
-            content=in_slices(payload),
-        )
-        try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            err = translate(exc)
-            if err is None:
-                raise
-            fields["error"] = err.code
-            await responder.error(err)
-            return
         recorder = None
         if exchange is not None and exchange.archive_now is not None:
             ctype = response.headers.get("content-type", "")
@@ -196,6 +189,82 @@ class ChatCompletions:
             if recorder is not None and exchange is not None:
                 answer = {"status": response.status_code} | recorder.result()
                 state.archiver.finish(exchange, answer)
+                calibrate(state, exchange, answer)
+
+    async def _plan(self, state: AppState, raw: bytes, exchange: Exchange | None) -> bytes:
+        """Run the pipeline; the body to forward (the client's bytes unless rewritten)."""
+        if exchange is None:
+            return raw
+        await state.pipeline.run(exchange)
+        if not exchange.changed:
+            return raw
+        ex = exchange
+        return await off_loop(len(raw), lambda: encode_body(ex.body, ex.messages))
+
+    async def _send(
+        self, state: AppState, scope: Scope, tenant: Tenant, payload: bytes, responder: Responder
+    ) -> httpx.Response | None:
+        """Forward; the upstream's response (streamed), or None once an error was answered."""
+        upstream = tenant.upstream
+        client = state.upstreams.client(upstream)
+        request = client.build_request(
+            "POST",
+            upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
+            headers=request_headers(scope["headers"], upstream, keep_encoding=True)
+            + sized(payload),
+            content=in_slices(payload),
+        )
+        try:
+            return await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            err = translate(exc)
+            if err is None:
+                raise
+            log_fields(scope)["error"] = err.code
+            await responder.error(err)
+            return None
+
+    async def _recover(
+        self,
+        state: AppState,
+        scope: Scope,
+        tenant: Tenant,
+        raw: bytes,
+        exchange: Exchange,
+        response: httpx.Response,
+        responder: Responder,
+    ) -> tuple[httpx.Response | None, Exchange]:
+        """The retry's response if the upstream overflowed, else this error (re-readable)."""
+        body, rest = await _read_error(response)
+        overflow = None
+        if rest is None and exchange.control != "off":
+            overflow = detect(
+                response.status_code, body, response.headers.get("content-encoding", "")
+            )
+        if overflow is None:
+            return _replayed(response, body, rest), exchange
+        await response.aclose()
+        estimate = exchange.measure.total(exchange.messages)
+        if overflow.prompt_tokens:
+            state.calibration.observe(tenant.name, exchange.model, estimate, overflow.prompt_tokens)
+        window = retry_window(overflow, estimate, exchange.context_window)
+        fields = log_fields(scope)
+        fields.update(
+            overflow_retry=True,
+            overflow_limit=overflow.limit,
+            overflow_prompt_tokens=overflow.prompt_tokens,
+            overflow_estimate=estimate,
+            overflow_retry_window=window,
+        )
+        log.warning(
+            "upstream context overflow (%s): compacting harder on a %d-token window, retrying once",
+            overflow.message[:200],
+            window,
+            extra={"request_id": fields["request_id"]},
+        )
+        retry = retry_exchange(exchange, window)
+        payload = await self._plan(state, raw, retry)
+        return await self._send(state, scope, tenant, payload, responder), retry
 
     async def _relay(
         self,
@@ -246,6 +315,42 @@ class ChatCompletions:
             await responder.comment(text)
 
         return notify
+
+
+async def _read_error(response: httpx.Response) -> tuple[bytes, AsyncIterator[bytes] | None]:
+    """An error answer's raw bytes, up to MAX_ERROR_BYTES; and the rest, if it is longer."""
+    chunks = response.aiter_raw()
+    out = bytearray()
+    async for chunk in chunks:
+        out += chunk
+        if len(out) > MAX_ERROR_BYTES:
+            return bytes(out), chunks
+    return bytes(out), None
+
+
+def _replayed(
+    response: httpx.Response, body: bytes, rest: AsyncIterator[bytes] | None
+) -> httpx.Response:
+    """The answer again, readable from its first byte, its headers as the upstream sent them."""
+    return httpx.Response(
+        response.status_code, headers=response.headers, stream=_Replay(response, body, rest)
+    )
+
+
+class _Replay(httpx.AsyncByteStream):
+    def __init__(
+        self, response: httpx.Response, body: bytes, rest: AsyncIterator[bytes] | None
+    ) -> None:
+        self._response, self._body, self._rest = response, body, rest
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._body
+        if self._rest is not None:
+            async for chunk in self._rest:
+                yield chunk
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
 
 
 async def _bounded_read(response: httpx.Response) -> bytes:
