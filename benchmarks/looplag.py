@@ -1,7 +1,8 @@
 """Event-loop lag while Recap handles a pathological request: does one request stall the rest?
 
 Outside the data path: a script that prints figures (never a test). Two servers, each in its
-own process on a free 127.0.0.1 port: the fake upstream of `benchmarks.overhead` and
+own process on a free 127.0.0.1 port: the fake upstream of `benchmarks.overhead` (the
+tests' fake) and
 `python -m proxy serve` (the real default stage list, a SQLite store in a temporary
 directory). While one client sends a pathological chat request, two probes run beside it:
 
@@ -44,15 +45,16 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.overhead import (
+from benchmarks.harness import (
     REPO,
     BenchError,
+    fake_command,
     free_port,
     git_revision,
     percentile,
-    recap_config,
     running,
 )
+from benchmarks.overhead import recap_config
 
 TARGET_MS = 50.0
 HEALTHZ_EVERY_S = 0.010
@@ -207,12 +209,11 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         f"target: no probe delayed more than {TARGET_MS:.0f} ms\n",
         flush=True,
     )
-    overhead = [sys.executable, "-m", "benchmarks.overhead", "--serve"]
     up_port, recap_port = free_port(), free_port()
     worst = 0.0
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(
-            running("upstream", [*overhead, "upstream", "--port", str(up_port)], up_port, workdir)
+            running("upstream", fake_command("benchmarks.overhead", up_port), up_port, workdir)
         )
         config = recap_config(upstream.url, "sqlite", workdir)
         recap = stack.enter_context(
