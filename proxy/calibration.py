@@ -25,7 +25,10 @@ from typing import Any, Protocol
 from proxy.pipeline import Exchange
 
 MIN_ESTIMATE = 1000
-MIN_RATIO = 0.5
+# Never below 1: the configured window is the upstream's own; an upstream that counts fewer
+# tokens than Recap (or reports a bogus usage, as some fakes and gateways do) never makes
+# Recap budget past it.
+MIN_RATIO = 1.0
 MAX_RATIO = 4.0
 # Weight of a new observation in the moving average.
 ALPHA = 0.3

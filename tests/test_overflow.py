@@ -263,3 +263,5 @@ def test_calibration_is_a_bounded_moving_average() -> None:
     cal.observe("v", "m", 10_000, 10_000)
     assert len(cal) == 2 and cal.ratio("t", "m") == 1.0  # least recently used went first
     assert cal.ratio("t", "other") == 1.0
+    cal.observe("w", "m", 10_000, 10)  # a bogus usage never budgets past the window
+    assert cal.window("w", "m", 1000) == 1000
