@@ -151,6 +151,9 @@ class ChatCompletions:
         if exchange is not None and exchange.stream:
             exchange.notify = self._sse_notifier(responder, exchange)
         payload = await self._plan(state, raw, exchange)
+        # Arrival to forwarding (of the first try: a retry's time is the upstream's too).
+        overhead_ms = round((time.perf_counter() - start) * 1000, 1)
+        fields["overhead_ms"] = overhead_ms
         response = await self._send(state, scope, tenant, payload, responder)
         if response is None:
             return
@@ -162,8 +165,6 @@ class ChatCompletions:
             )
             if response is None:
                 return
-        overhead_ms = round((time.perf_counter() - start) * 1000, 1)
-        fields["overhead_ms"] = overhead_ms
         extra = {"x-recap-overhead-ms": str(overhead_ms)}
         if exchange is not None:
             extra.update(exchange.response_headers)
