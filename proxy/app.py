@@ -27,6 +27,7 @@ from proxy.config import Config
 from proxy.errors import NotFound
 from proxy.fingerprints import FingerprintCache
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
+from proxy.offload import MeasureOffLoop
 from proxy.pipeline import Pipeline, Stage
 from proxy.scenes import SceneSet
 from proxy.serving import AcceptErrors
@@ -72,6 +73,7 @@ def build_stages(state: AppState) -> list[Stage]:
     scenes = load_scenes(config)
     summarizer = Summarizer(state.upstreams, config.tenants)
     return [
+        MeasureOffLoop(),
         ArchiveOriginals(state.archiver, state.fingerprints),
         SessionStage(state.store, summarizer, scenes, state.counter, config.tenants),
         LoopStage(state.store, summarizer, scenes),

@@ -30,14 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
+from proxy import longjson
 from proxy.archived import ArchivedIndex
 from proxy.fingerprints import FingerprintCache
 from proxy.messages import Message
+from proxy.offload import off_loop
 from proxy.pipeline import Exchange, History
 from proxy.stages import count_for_log
 from proxy.store.base import ConversationRef, EventType, ExchangeRecord, Store, StoreError
@@ -46,7 +47,7 @@ log = logging.getLogger("recap.archive")
 
 
 def message_json(message: Message) -> str:
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+    return longjson.dumps(message, ensure_ascii=False, separators=(",", ":"))
 
 
 def request_params(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -293,12 +294,17 @@ class ArchiveOriginals:
         self.cache = fingerprints
 
     async def __call__(self, ex: Exchange, /) -> None:
-        ident = self.cache.identity(ex.conversation, ex.original, ex.model, ex.body_bytes)
+        ident = self.cache.identity(
+            ex.conversation, ex.original, ex.model, ex.body_bytes, ex.measure.fingerprint
+        )
         fps = ex.fingerprints = ident.fingerprints
         ex.measure.seed(ex.original, fps, ident.counts)
         p = ident.pinned
         ex.identity = History(ex.original[:p], ex.original[p:], ident.chain)
-        ex.unarchived = self.archiver.missing(ex.conversation, fps, ex.original)
+        # The rows' JSON of a large body is made off the loop (proxy.offload).
+        ex.unarchived = await off_loop(
+            ex.body_bytes, lambda: self.archiver.missing(ex.conversation, fps, ex.original)
+        )
         archiver = self.archiver
 
         async def write_now() -> None:

@@ -9,24 +9,24 @@ forwarded body; every other field goes through as sent.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from proxy import numbers
+from proxy.calibration import calibrate
+from proxy.chat_body import ChatBody, decode_body, encode_body, parse_chat
 from proxy.config import Tenant
-from proxy.encoding import TooLarge, Undecodable, can_decode, decode, encodings
-from proxy.errors import PayloadTooLarge, RecapError
+from proxy.error_answer import as_error_event, bounded_read, read_error, replayed
+from proxy.errors import RecapError
 from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
 from proxy.measure import Measure
-from proxy.messages import classify, json_bytes
+from proxy.messages import classify
+from proxy.offload import in_slices, off_loop, sized
+from proxy.overflow import detect, retry_exchange, retry_window
 from proxy.pipeline import Control, Exchange
 from proxy.relay import (
     ClientDisconnected,
@@ -47,74 +47,10 @@ from proxy.upstream import mapped_errors, request_headers, response_headers, ups
 
 log = logging.getLogger("recap.chat")
 
-MAX_ERROR_BODY = 64 * 1024
-# A compressed body larger than this is decoded in a thread, off the event loop.
-OFF_LOOP_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True)
-class ChatBody:
-    """The request body as it came (`raw`, forwarded when nothing changes) and as read."""
-
-    raw: bytes
-    # Decoded from its Content-Encoding (the same bytes when it had none or when it
-    # could not be decoded: then it is not parsed either).
-    decoded: bytes
-    # Numbers whose text Python would not write back the same (numbers.py).
-    kept_numbers: bool = False
-
-
-async def decode_body(raw: bytes, content_encoding: str, limit: int) -> tuple[bytes | None, str]:
-    """The body without its Content-Encoding, at most `limit` bytes once decoded (else 413);
-    (None, why) when it cannot be decoded (then it is forwarded as it came)."""
-    codings = encodings(content_encoding)
-    if not codings:
-        return raw, ""
-    if not can_decode(codings):
-        return None, f"body has a Content-Encoding the proxy cannot read ({content_encoding})"
-    try:
-        if len(raw) > OFF_LOOP_BYTES:
-            return await asyncio.to_thread(decode, raw, codings, limit), ""
-        return decode(raw, codings, limit), ""
-    except TooLarge:
-        raise PayloadTooLarge(
-            f"Request body is over the proxy's limit of {limit} bytes once decoded."
-        ) from None
-    except Undecodable as exc:
-        return None, f"body is not valid {content_encoding}: {exc}"
-
-
-def parse_chat(raw: bytes) -> tuple[dict[str, Any] | None, str, bool]:
-    """The body as a dict when the proxy can safely work on it, else (None, why not);
-    and whether it holds numbers kept as written (see numbers.py)."""
-    try:
-        body, kept = numbers.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None, "body is not JSON", False
-    except RecursionError:
-        return None, "body is nested too deeply to parse", False
-    if not isinstance(body, dict):
-        return None, "body is not a JSON object", False
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return None, "messages missing or not a list", False
-    if not all(isinstance(m, dict) for m in messages):
-        return None, "a message is not an object", False
-    return body, "", kept
-
 
 def control_of(headers: Mapping[str, str]) -> Control:
     value = headers.get("x-recap-compaction", "auto").strip().lower()
     return value if value in ("off", "auto", "force") else "auto"  # type: ignore[return-value]
-
-
-def encode_body(body: dict[str, Any], messages: list[Any], kept_numbers: bool = False) -> bytes:
-    """Deterministic serialisation: the same messages give the same bytes (prompt caches)."""
-    out = dict(body)
-    out["messages"] = messages
-    if kept_numbers:
-        return numbers.dumps(out, separators=(",", ":"))
-    return json_bytes(out, separators=(",", ":"))
 
 
 class ChatCompletions:
@@ -136,7 +72,8 @@ class ChatCompletions:
             )
             body, kept = None, False
             if decoded is not None:
-                body, why, kept = parse_chat(decoded)
+                readable = decoded
+                body, why, kept = await off_loop(len(readable), lambda: parse_chat(readable))
             incoming = ChatBody(raw, raw if decoded is None else decoded, kept)
             exchange: Exchange | None = None
             if body is None:
@@ -147,7 +84,10 @@ class ChatCompletions:
                     extra={"request_id": fields["request_id"]},
                 )
             else:
-                conv = conversation_ref(config, tenant, headers, body)
+                parsed = body
+                conv = await off_loop(
+                    len(raw), lambda: conversation_ref(config, tenant, headers, parsed)
+                )
                 model = body.get("model") if isinstance(body.get("model"), str) else None
                 exchange = Exchange(
                     request_id=fields["request_id"],
@@ -156,7 +96,10 @@ class ChatCompletions:
                     headers=headers,
                     body=body,
                     classification=classify(body["messages"]),
-                    context_window=config.context_window(model),
+                    # In Recap's tokens, as calibrated from this tenant's usage for the model.
+                    context_window=state.calibration.window(
+                        tenant.name, model, config.context_window(model)
+                    ),
                     measure=Measure(state.counter, model),
                     control=control_of(headers),
                     body_bytes=len(incoming.decoded),
@@ -188,45 +131,32 @@ class ChatCompletions:
         start: float,
     ) -> None:
         fields = log_fields(scope)
-        # Unchanged: the very bytes the client sent, with their Content-Encoding.
-        payload = incoming.raw
-        out_headers = request_headers(scope["headers"], tenant.upstream, keep_encoding=True)
-        if exchange is not None:
-            if exchange.stream:
-                exchange.notify = self._sse_notifier(responder, exchange)
-            await state.pipeline.run(exchange)
-            if exchange.changed:
-                payload = encode_body(exchange.body, exchange.messages, incoming.kept_numbers)
-                # A rewritten body goes up as identity: re-compressing would cost the
-                # proxy CPU on every request to save bandwidth on a loopback or LAN hop.
-                out_headers = [(k, v) for k, v in out_headers if k != b"content-encoding"]
-        upstream = tenant.upstream
-        client = state.upstreams.client(upstream)
+        if exchange is not None and exchange.stream:
+            exchange.notify = self._sse_notifier(responder, exchange)
+        payload, out_headers = await self._plan(state, scope, tenant, incoming, exchange)
+        # Arrival to forwarding (of the first try: a retry's time is the upstream's too).
         overhead_ms = round((time.perf_counter() - start) * 1000, 1)
         fields["overhead_ms"] = overhead_ms
-        extra = {"x-recap-overhead-ms": str(overhead_ms)}
-        if exchange is not None:
-            extra.update(exchange.response_headers)
         # The request's archive record is committed while the upstream answers; the
         # answer's final bytes wait for it (relay.FinalBytesGate).
-        committed = None
-        if exchange is not None and exchange.archive_now is not None:
-            committed = state.archiver.begin(exchange)
-        request = client.build_request(
-            "POST",
-            upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
-            headers=out_headers,
-            content=payload,
-        )
+        committed = self._begin(state, exchange)
         try:
-            with mapped_errors(upstream):
-                response = await client.send(request, stream=True)
+            response = await self._send(state, scope, tenant, payload, out_headers)
+            if exchange is not None and response.status_code in (400, 413):
+                # A context-length error before any of the answer reached the client: plan
+                # again, harder, and send once more (proxy/overflow.py).
+                response, exchange, committed = await self._recover(
+                    state, scope, tenant, incoming, exchange, response, committed
+                )
         except RecapError as err:
             fields["error"] = err.code
             if committed is not None and exchange is not None:
                 state.archiver.finish(exchange, {"status": err.status, "error": err.code})
             await responder.error(err)
             return
+        extra = {"x-recap-overhead-ms": str(overhead_ms)}
+        if exchange is not None:
+            extra.update(exchange.response_headers)
         recorder = None
         if exchange is not None and exchange.archive_now is not None:
             ctype = response.headers.get("content-type", "")
@@ -236,7 +166,7 @@ class ChatCompletions:
             )
         try:
             fields["upstream_status"] = response.status_code
-            with mapped_errors(upstream):
+            with mapped_errors(tenant.upstream):
                 # A RecapError from here is reported (in-band once the stream has
                 # started) where it is also logged.
                 await self._relay(response, responder, extra, recorder, committed, start, fields)
@@ -252,6 +182,106 @@ class ChatCompletions:
             if recorder is not None and exchange is not None:
                 answer = {"status": response.status_code} | recorder.result()
                 state.archiver.finish(exchange, answer)
+                calibrate(state, exchange, answer)
+
+    async def _plan(
+        self,
+        state: AppState,
+        scope: Scope,
+        tenant: Tenant,
+        incoming: ChatBody,
+        exchange: Exchange | None,
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """Run the pipeline; the body to forward and its headers: unchanged, the very
+        bytes the client sent with their Content-Encoding."""
+        headers = request_headers(scope["headers"], tenant.upstream, keep_encoding=True)
+        if exchange is None:
+            return incoming.raw, headers
+        await state.pipeline.run(exchange)
+        if not exchange.changed:
+            return incoming.raw, headers
+        ex = exchange
+        payload = await off_loop(
+            len(incoming.decoded),
+            lambda: encode_body(ex.body, ex.messages, incoming.kept_numbers),
+        )
+        # A rewritten body goes up as identity: re-compressing would cost the proxy CPU on
+        # every request to save bandwidth on a loopback or LAN hop.
+        return payload, [(k, v) for k, v in headers if k != b"content-encoding"]
+
+    def _begin(self, state: AppState, exchange: Exchange | None) -> Awaitable[bool] | None:
+        if exchange is None or exchange.archive_now is None:
+            return None
+        return state.archiver.begin(exchange)
+
+    async def _send(
+        self,
+        state: AppState,
+        scope: Scope,
+        tenant: Tenant,
+        payload: bytes,
+        headers: list[tuple[bytes, bytes]],
+    ) -> httpx.Response:
+        """Forward; the upstream's response (streamed). Raises RecapError (mapped_errors)."""
+        upstream = tenant.upstream
+        client = state.upstreams.client(upstream)
+        request = client.build_request(
+            "POST",
+            upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
+            headers=[(k, v) for k, v in headers if k != b"content-length"] + sized(payload),
+            content=in_slices(payload),
+        )
+        with mapped_errors(upstream):
+            return await client.send(request, stream=True)
+
+    async def _recover(
+        self,
+        state: AppState,
+        scope: Scope,
+        tenant: Tenant,
+        incoming: ChatBody,
+        exchange: Exchange,
+        response: httpx.Response,
+        committed: Awaitable[bool] | None,
+    ) -> tuple[httpx.Response, Exchange, Awaitable[bool] | None]:
+        """The retry's response if the upstream overflowed, else this error (re-readable)."""
+        body, rest = await read_error(response)
+        overflow = None
+        if rest is None and exchange.control != "off":
+            overflow = detect(
+                response.status_code, body, response.headers.get("content-encoding", "")
+            )
+        if overflow is None:
+            return replayed(response, body, rest), exchange, committed
+        await response.aclose()
+        estimate = exchange.measure.total(exchange.messages)
+        if overflow.prompt_tokens:
+            state.calibration.observe(tenant.name, exchange.model, estimate, overflow.prompt_tokens)
+        window = retry_window(overflow, estimate, exchange.context_window)
+        fields = log_fields(scope)
+        fields.update(
+            overflow_retry=True,
+            overflow_limit=overflow.limit,
+            overflow_prompt_tokens=overflow.prompt_tokens,
+            overflow_estimate=estimate,
+            overflow_retry_window=window,
+        )
+        log.warning(
+            "upstream context overflow (%s): compacting harder on a %d-token window, retrying once",
+            overflow.message[:200],
+            window,
+            extra={"request_id": fields["request_id"]},
+        )
+        if committed is not None:
+            # The first try is archived with what the upstream said of it; the retry
+            # gets its own record (the upstream saw both).
+            state.archiver.finish(
+                exchange, {"status": response.status_code, "error": "context_length_exceeded"}
+            )
+        retry = retry_exchange(exchange, window)
+        payload, headers = await self._plan(state, scope, tenant, incoming, retry)
+        committed = self._begin(state, retry)
+        return await self._send(state, scope, tenant, payload, headers), retry, committed
 
     async def _relay(
         self,
@@ -278,11 +308,11 @@ class ChatCompletions:
             # The SSE stream is already open (compaction progress was sent): an
             # upstream error can only be reported in-band.
             if response.status_code >= 400:
-                body = await _bounded_read(response)
+                body = await bounded_read(response)
                 if gate is not None:
                     await gate.end(responder)
                 await responder.chunk(
-                    b"data: " + _as_error_event(body, response.status_code) + b"\n\n"
+                    b"data: " + as_error_event(body, response.status_code) + b"\n\n"
                 )
                 await responder.end()
                 return
@@ -331,33 +361,3 @@ def _length(value: str | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
-
-
-async def _bounded_read(response: httpx.Response) -> bytes:
-    out = bytearray()
-    async for chunk in response.aiter_bytes():
-        out += chunk
-        if len(out) > MAX_ERROR_BODY:
-            break
-    return bytes(out)
-
-
-def _as_error_event(body: bytes, status: int) -> bytes:
-    """The upstream's own error object when it sent one, else a generic one with its status."""
-    try:
-        parsed = json.loads(body)
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-            return json.dumps(parsed).encode()
-    except ValueError:
-        pass
-    text = body[:2000].decode("utf-8", "replace")
-    return json.dumps(
-        {
-            "error": {
-                "message": text or f"upstream status {status}",
-                "type": "upstream_error",
-                "param": None,
-                "code": status,
-            }
-        }
-    ).encode()

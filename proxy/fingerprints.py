@@ -71,11 +71,14 @@ class FingerprintCache:
         messages: Sequence[Message],
         model: str | None,
         size: int = 0,
+        hash_message: Callable[[Message], str] = fingerprint,
     ) -> Identity:
         """The identity of `messages`, reusing the previous request's where they agree.
 
         `size` is the request body's length, the measure of what keeping it costs
         (at least `PER_MESSAGE_BYTES` a message, for small messages' object overhead).
+        `hash_message`: the request's memo of fingerprints, which a large request fills in a
+        worker thread before this runs (proxy.offload).
         """
         previous = self._recent.pop(conv)
         old_messages: Sequence[Message] = previous[0] if previous else []
@@ -84,7 +87,7 @@ class FingerprintCache:
         limit = min(len(messages), len(old_messages))
         while same < limit and messages[same] == old_messages[same]:
             same += 1
-        fps = (old.fingerprints[:same] if old else []) + [fingerprint(m) for m in messages[same:]]
+        fps = (old.fingerprints[:same] if old else []) + [hash_message(m) for m in messages[same:]]
         pinned = len(split_pinned(messages)[0])
         chain: list[str] = []
         if old is not None and old.pinned == pinned and same > pinned:

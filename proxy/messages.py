@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from proxy import longjson
 
 Message = Mapping[str, Any]
 
@@ -57,10 +58,12 @@ def json_bytes(value: Any, separators: tuple[str, str] | None = None) -> bytes:
     a value is written with its non-ASCII escaped again, never as the invalid bytes
     `surrogatepass` would give.
     """
+    # longjson: the text of json.dumps, made in slices a worker thread can share.
     try:
-        return json.dumps(value, ensure_ascii=False, separators=separators).encode("utf-8")
+        parts = longjson.pieces(value, ensure_ascii=False, separators=separators)
+        return b"".join(part.encode("utf-8") for part in parts)
     except UnicodeEncodeError:
-        return json.dumps(value, separators=separators).encode("ascii")
+        return longjson.dumps(value, separators=separators).encode("ascii")
 
 
 def fingerprint(message: Message) -> str:
@@ -68,8 +71,12 @@ def fingerprint(message: Message) -> str:
     `audio`, `reasoning_content`, vendor extras, explicit nulls), keys sorted, no spacing.
     Two messages share it only when they are the same JSON object, so the archive never
     merges distinct messages and a summary never stands for a message it did not see."""
-    canonical = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+    # The sha256 of json.dumps(message, sort_keys=True, ensure_ascii=False, compact), fed
+    # in pieces so that a huge message never holds the GIL for long (proxy.longjson).
+    h = hashlib.sha256()
+    for part in longjson.pieces(message, sort_keys=True, ensure_ascii=False, separators=(",", ":")):
+        h.update(part.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 def split_pinned(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:

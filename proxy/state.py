@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.archive import Archiver
+from proxy.calibration import Calibration
 from proxy.config import Config
 from proxy.fingerprints import FingerprintCache
 from proxy.pipeline import Pipeline
@@ -22,3 +23,5 @@ class AppState:
     archiver: Archiver
     fingerprints: FingerprintCache
     pipeline: Pipeline
+    # Recap's estimate against the upstream's count, per tenant and model (from usage).
+    calibration: Calibration = field(default_factory=Calibration)

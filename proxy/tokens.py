@@ -27,9 +27,10 @@ with one warning per counter instance.
 
 How a message is counted (OpenAI cookbook, "How to count tokens with tiktoken"): 3 tokens
 per message, plus the role, content and name (name +1), plus 3 for the reply priming in
-`count_messages`. Content parts: text and refusal parts by their text; image_url parts a
-fixed 85 tokens for detail "low" and 765 otherwise (a 1024x1024 image at high detail:
-4 tiles * 170 + 85), never the URL, which may be a megabyte of base64. Tool calls: 3 per
+`count_messages`. Content parts: text and refusal parts by their text; attachments
+(image_url, input_audio, file) by what the provider bills for them (`proxy.attachments`:
+an image by its tiles, audio by its duration, a PDF by its pages), never by their base64,
+which may be megabytes. Tool calls: 3 per
 call plus the function name and arguments; tool_call_id and legacy function_call are
 counted as text. Only the fields that make up `messages.fingerprint` are counted (vendor
 extras such as reasoning_content are not), so a count is a function of the fingerprint and
@@ -39,7 +40,9 @@ Caching. An LRU on the instance, keyed by (encoding name, fingerprint), so a lon
 already seen costs one hash per message to count again. Encoders are loaded lazily, once
 per instance, and shared by all requests. Nothing here awaits, so under asyncio every call
 runs to completion; the first load of an encoding takes about 0.3 s, so the app may warm
-it at startup by calling `encoding_name(model)`.
+it at startup by calling `encoding_name(model)`. Large requests are counted in a worker
+thread (`proxy.offload`): the LRU is guarded by a lock, and any one text costs at most a
+few tens of ms to count however long or pathological it is (`proxy.textcount`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import json
 import logging
 import math
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,7 +65,9 @@ from typing import Any
 
 import tiktoken
 
+from proxy import attachments
 from proxy.messages import fingerprint
+from proxy.textcount import bounded
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +75,8 @@ TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 REPLY_PRIMING_TOKENS = 3
 TOKENS_PER_TOOL_CALL = 3
-IMAGE_TOKENS_LOW = 85
-IMAGE_TOKENS_DEFAULT = 765
+IMAGE_TOKENS_LOW = attachments.IMAGE_BASE
+IMAGE_TOKENS_DEFAULT = attachments.tiles_tokens(*attachments.DEFAULT_IMAGE_SIZE)  # 765
 
 DEFAULT_ENCODING = "o200k_base"
 CHARS = "chars"
@@ -197,6 +203,9 @@ class TokenCounter:
         # None records a load that failed, so it is not retried on every request.
         self._encoders: dict[str, tiktoken.Encoding | None] = {}
         self._cache: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # Large requests are counted in worker threads (proxy.offload) while the loop counts
+        # others: the LRU's check-then-move must not interleave with another's eviction.
+        self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
         self._warned: set[str] = set()
@@ -254,17 +263,19 @@ class TokenCounter:
             else self._cache_key(message, name)
         )
         if key is not None:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                self._hits += 1
-                return cached
-            self._misses += 1
+            with self._lock:
+                cached = self._cache.get(key)
+                if cached is not None:
+                    self._cache.move_to_end(key)
+                    self._hits += 1
+                    return cached
+                self._misses += 1
         n = message_tokens(message, _text_counter(encoder))
         if key is not None:
-            self._cache[key] = n
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            with self._lock:
+                self._cache[key] = n
+                if len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
         return n
 
     def _cache_key(self, message: Any, name: str) -> tuple[str, str] | None:
@@ -320,11 +331,12 @@ def estimate_chars(text: str) -> int:
 
 
 def _text_counter(encoder: tiktoken.Encoding | None) -> Callable[[str], int]:
+    # Bounded: a huge or pathological text costs a few ms, never seconds (textcount.py).
     if encoder is None:
-        return estimate_chars
+        return bounded(estimate_chars)
     # encode_ordinary: special-token strings in user text are ordinary text, never an error.
     encode = encoder.encode_ordinary
-    return lambda text: len(encode(text))
+    return bounded(lambda text: len(encode(text)))
 
 
 def message_tokens(message: Any, count: Callable[[str], int]) -> int:
@@ -366,10 +378,8 @@ def _part_tokens(part: Any, count: Callable[[str], int]) -> int:
         kind = part.get("type")
         if kind in ("text", "refusal") and isinstance(part.get(kind), str):
             return count(part[kind])
-        if kind == "image_url":
-            image = part.get("image_url")
-            low = isinstance(image, Mapping) and image.get("detail") == "low"
-            return IMAGE_TOKENS_LOW if low else IMAGE_TOKENS_DEFAULT
+        if attachments.is_attachment(part):
+            return attachments.tokens(part)
     return _value_tokens(part, count)
 
 

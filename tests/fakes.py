@@ -289,3 +289,33 @@ class FakeUpstream:
                 self.streams_open -= 1
                 if not completed:
                     self.streams_aborted += 1
+
+
+def overflowing(
+    limit: int, count: Callable[[dict[str, Any]], int], answer: Reply | None = None
+) -> Callable[[dict[str, Any]], Reply]:
+    """A chat script for an upstream with its own tokenizer (`count`) and window (`limit`):
+    over it, a 400 context_length_exceeded in OpenAI's shape (vLLM and DeepSeek send the
+    same message); under it, `answer` with usage.prompt_tokens from its own count."""
+
+    def chat(body: dict[str, Any]) -> Reply:
+        n = count(body)
+        completion = body.get("max_tokens") or 0
+        if n + completion > limit:
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {n + completion} tokens ({n} in the messages, {completion} in "
+                "the completion). Please reduce the length of the messages or completion."
+            )
+            error = {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+            return Reply(status=400, error={"error": error})
+        base = answer or Reply(content="Answered within the window.")
+        usage = {"prompt_tokens": n, "completion_tokens": 5, "total_tokens": n + 5}
+        return Reply(content=base.content, tool_calls=base.tool_calls, usage=usage)
+
+    return chat

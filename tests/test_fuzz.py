@@ -501,9 +501,11 @@ def _same_or_made(sent: list[Any], forwarded: list[Any]) -> None:
         if made:
             continue
         shortened = re.search(r"recap://message/([0-9a-f]{64})", json.dumps(m))
-        if shortened and m.get("role") == "assistant":
-            # An old assistant message cut by decreasing fidelity: it names its original,
-            # which must be a message the client sent.
+        attachment_trimmed = "[Recap trimmed an old attachment" in json.dumps(m)
+        if shortened and (m.get("role") == "assistant" or attachment_trimmed):
+            # An old assistant message cut by decreasing fidelity, or an old message whose
+            # attachments became placeholders: it names its original, which must be a
+            # message the client sent.
             assert shortened.group(1) in {fingerprint(x) for x in sent if isinstance(x, dict)}
             continue
         while i < len(sent) and sent[i] != m:

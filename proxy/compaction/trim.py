@@ -9,7 +9,9 @@ result outside the newest trim_keep_recent rounds and longer than trim_min_chars
 placeholder naming the tool, the call id, the original size, its first and last lines and
 `recap://message/<fingerprint>`, where the archive keeps the original (lossy at runtime,
 lossless on disk). Only tool results are touched: user messages and assistant answers never
-are, nor results of trim_exclude_tools. All eligible results are trimmed at once rather
+are, nor results of trim_exclude_tools. The exception is attachments (image, audio and file
+parts, `proxy.attachments`) before the current turn: each becomes a text placeholder naming
+its kind, its cost and the archived original. All eligible results are trimmed at once rather
 than "just enough": the set then only grows as rounds age, and the placeholder depends on
 the message and its tool's name only, so a trimmed prefix stays byte-identical across
 requests and upstream prompt caches keep hitting.
@@ -26,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy import attachments
 from proxy.config import TrimCompaction
 from proxy.conversation import (
     calls_of,
@@ -33,6 +36,7 @@ from proxy.conversation import (
     result_key,
     tool_rounds,
     turn_cut_points,
+    turn_starts,
     valid_cut_points,
 )
 from proxy.messages import Message, fingerprint
@@ -83,7 +87,33 @@ def plan_trim(
         if len(placeholder) < len(text):
             replacements[index] = {**message, "content": placeholder}
             saved += len(text) - len(placeholder)
+    # Attachments (images, audio, files) before the current turn go the same way.
+    starts = turn_starts(messages)
+    for index in range(min(limit, starts[-1] if starts else 0)):
+        if index not in replacements and (slim := without_attachments(messages[index])):
+            replacements[index] = slim
     return TrimPlan(dict(sorted(replacements.items())), saved, len(replacements))
+
+
+def without_attachments(message: Message) -> Message | None:
+    """The message with each attachment part replaced by a text placeholder naming the
+    archived original; None if it has none. The role stays: user text stays user text."""
+    content = message.get("content")
+    if not isinstance(content, list) or not any(map(attachments.is_attachment, content)):
+        return None
+    ref = f"{ARCHIVE_SCHEME}{fingerprint(message)}"
+    parts = [
+        {
+            "type": "text",
+            "text": f"[Recap trimmed an old attachment to save context: {attachments.kind(p)}, "
+            f"about {attachments.tokens(p)} tokens, part {i + 1} of this message; "
+            f"original archived as {ref}]",
+        }
+        if attachments.is_attachment(p)
+        else p
+        for i, p in enumerate(content)
+    ]
+    return {**message, "content": parts}
 
 
 def apply_trim(messages: Sequence[Message], plan: TrimPlan) -> list[Message]:
