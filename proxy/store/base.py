@@ -133,6 +133,9 @@ class LoopSummary:
     model: str
     created_at: float
     expires_at: float
+    # Chain hash of the client's history through the last round covered: the summary
+    # applies only to a request that holds exactly that history ("" for none).
+    covers_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,12 @@ class Store(abc.ABC):
         self, conv: ConversationRef, turn_hash: str, max_rounds: int, now: float
     ) -> LoopSummary | None:
         """The unexpired summary of this turn covering the most rounds <= max_rounds."""
+
+    @abc.abstractmethod
+    async def find_loop_summary(
+        self, conv: ConversationRef, covers: Sequence[str], now: float
+    ) -> LoopSummary | None:
+        """The unexpired summary whose covers_hash is one of `covers`, covering the most rounds."""
 
     @abc.abstractmethod
     async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None: ...

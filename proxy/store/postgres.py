@@ -579,6 +579,24 @@ class PostgresStore(Store):
             )
         return None if row is None else LoopSummary(*row)
 
+    async def find_loop_summary(
+        self, conv: ConversationRef, covers: Sequence[str], now: float
+    ) -> LoopSummary | None:
+        hashes = [h for h in dict.fromkeys(covers) if h]
+        if not hashes:
+            return None
+        async with self.connection() as conn:
+            row = await conn.fetchrow(
+                f"SELECT {_LOOP_COLUMNS} FROM loop_summaries"
+                " WHERE tenant = $1 AND key = $2 AND covers_hash = ANY($3::text[])"
+                " AND expires_at > $4 ORDER BY covered_rounds DESC LIMIT 1",
+                conv.tenant,
+                conv.key,
+                hashes,
+                now,
+            )
+        return None if row is None else LoopSummary(*row)
+
     async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
         now = self._clock()
 
@@ -593,14 +611,17 @@ class PostgresStore(Store):
             )
             row = {f.name: clean_text(getattr(s, f.name)) for f in dataclasses.fields(s)}
             replace = ", ".join(
-                f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
+                f"{c} = excluded.{c}"
+                for c in row
+                if c not in ("turn_hash", "covered_rounds", "covers_hash")
             )
             await _insert(
                 conn,
                 "loop_summaries",
                 conv,
                 row,
-                f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
+                " ON CONFLICT (tenant, key, turn_hash, covered_rounds, covers_hash)"
+                f" DO UPDATE SET {replace}",
             )
 
         await self._write(body)

@@ -701,6 +701,23 @@ class SqliteStore(Store):
             )
         return None if row is None else LoopSummary(*row)
 
+    async def find_loop_summary(
+        self, conv: ConversationRef, covers: Sequence[str], now: float
+    ) -> LoopSummary | None:
+        hashes = [h for h in dict.fromkeys(covers) if h]
+        if not hashes:
+            return None
+        marks = ", ".join("?" * len(hashes))
+        async with self._read() as db:
+            row = await _one(
+                db,
+                f"SELECT {_LOOP_COLUMNS} FROM loop_summaries"
+                f" WHERE tenant = ? AND key = ? AND covers_hash IN ({marks})"
+                " AND expires_at > ? ORDER BY covered_rounds DESC LIMIT 1",
+                (conv.tenant, conv.key, *hashes, now),
+            )
+        return None if row is None else LoopSummary(*row)
+
     async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None:
         now = self._clock()
         async with self._write() as db:
@@ -712,14 +729,17 @@ class SqliteStore(Store):
             )
             row = _fields(s)
             replace = ", ".join(
-                f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
+                f"{c} = excluded.{c}"
+                for c in row
+                if c not in ("turn_hash", "covered_rounds", "covers_hash")
             )
             await _insert(
                 db,
                 "loop_summaries",
                 conv,
                 row,
-                f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
+                " ON CONFLICT (tenant, key, turn_hash, covered_rounds, covers_hash)"
+                f" DO UPDATE SET {replace}",
             )
 
     async def list_conversations(
