@@ -3,14 +3,20 @@
 Runs on tool_continuation requests, after the session stage (it works on the view the
 session stage assembled). Planning is pure (`loop.plan_loop`); this stage does the IO:
 
-    find the turn's working summary: keyed by the chain hash at the turn's user message
+    find the working summary that covers a prefix of this turn's rounds exactly: each is
+    stored under the chain hash of the client's history through the last round it covers,
+    so it applies only when the request holds that history, in order, unchanged (the same
+    rule as session summaries); the longest match wins
     plan; when rounds are due, under the conversation's lock re-check (another step of
     the same loop may have done it), summarise the due rounds merged into the working
-    summary, store it with the rounds it covers (kept for the turn, with a TTL)
+    summary, store it under the hash of what it now covers (kept for the turn, with a TTL)
     assemble: up to the turn's user message, the working summary, the newest rounds raw
 
 The client re-sends the whole loop on every step, so the stored working summary is
 reused without a new call until the next `loop_trigger_tool_rounds` rounds are due.
+A client that keeps its own sliding window of rounds, a retried or forked turn, or
+another user on a shared derived key sends a different history: the hashes differ, and
+no summary made from another history applies.
 A failure sends the working set as it was (the trim stage still runs after this one).
 """
 
@@ -26,7 +32,7 @@ from proxy.compaction.loop import LoopPlan, LoopState, loop_view, plan_loop
 from proxy.compaction.summarize import Summarizer, SummarizerFailed
 from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.config import LoopCompaction
-from proxy.conversation import is_turn_start, turn_starts
+from proxy.conversation import is_turn_start, tool_rounds, turn_starts
 from proxy.messages import Classification, Message
 from proxy.pipeline import Exchange
 from proxy.scenes import SceneSet
@@ -57,9 +63,10 @@ class LoopStage:
         messages = ex.messages
         if self._quiet(messages, policy, ex):
             return
-        turn_hash = self._turn_hash(ex)
-        if turn_hash is None:
+        covers = self._covers(ex, messages)
+        if covers is None:
             return
+        turn_hash, hashes = covers
         count = ex.measure.tokens
 
         probe = plan_loop(messages, None, policy, count)
@@ -68,19 +75,19 @@ class LoopStage:
             # The working set only grows within a turn: if it is below both triggers
             # now, no earlier step compacted it, so there is no summary to look up.
             return
-        state = await self._state(ex, turn_hash, len(probe.rounds))
+        state = await self._state(ex, hashes)
         plan = plan_loop(messages, state, policy, count) if state else probe
         if plan.compact_rounds is not None and not await ex.ensure_archived():
             ex.log_fields["loop_skip"] = "archive_failed"
         elif plan.compact_rounds is not None:
             async with self.store.conversation_lock(ex.conversation):
                 # Another step of this loop may have summarised these rounds meanwhile.
-                fresher = await self._state(ex, turn_hash, len(plan.rounds))
+                fresher = await self._state(ex, hashes)
                 if fresher != state:
                     state = fresher
                     plan = plan_loop(messages, state, policy, count)
                 if plan.compact_rounds is not None:
-                    state = await self._compact(ex, policy, plan, state, turn_hash)
+                    state = await self._compact(ex, policy, plan, state, turn_hash, hashes)
         elif plan.skip_reason:
             ex.log_fields["loop_skip"] = plan.skip_reason
         if state is None or state.covered_rounds <= 0:
@@ -117,15 +124,32 @@ class LoopStage:
             or measure.total(messages) < policy.loop_trigger_tokens
         )
 
-    def _turn_hash(self, ex: Exchange) -> str | None:
-        """Chain hash of the client's history up to and including the turn's user message."""
-        ident = ex.identity
-        starts = turn_starts(ident.body)
-        return ident.chain[starts[-1]] if starts else None
+    @staticmethod
+    def _covers(ex: Exchange, view: list[Message]) -> tuple[str, list[str]] | None:
+        """(chain hash through the turn's user message, hashes[k - 1]: the chain hash of the
+        client's history through the turn's k-th tool round), from the client's messages.
 
-    async def _state(self, ex: Exchange, turn_hash: str, rounds: int) -> LoopState | None:
-        found = await self.store.get_loop_summary(ex.conversation, turn_hash, rounds, time.time())
-        return LoopState(found.summary, found.covered_rounds) if found else None
+        The running turn must be in the view exactly as the client sent it (earlier
+        stages only rewrite what comes before it); otherwise None: no loop layer.
+        """
+        ident = ex.identity
+        starts, view_starts = turn_starts(ident.body), turn_starts(view)
+        if not starts or not view_starts:
+            return None
+        turn, view_turn = starts[-1], view_starts[-1]
+        sent, seen = ident.body[turn:], view[view_turn:]
+        if len(sent) != len(seen) or any(a is not b for a, b in zip(sent, seen, strict=True)):
+            return None
+        rounds = [r for r in tool_rounds(ident.body) if r.start > turn]
+        return ident.chain[turn], [ident.chain[r.end - 1] for r in rounds]
+
+    async def _state(self, ex: Exchange, hashes: list[str]) -> LoopState | None:
+        found = await self.store.find_loop_summary(ex.conversation, hashes, time.time())
+        if found is None or not 0 < found.covered_rounds <= len(hashes):
+            return None
+        if hashes[found.covered_rounds - 1] != found.covers_hash:
+            return None  # defensive: a row under a hash it does not cover is not used
+        return LoopState(found.summary, found.covered_rounds)
 
     async def _compact(
         self,
@@ -134,6 +158,7 @@ class LoopStage:
         plan: LoopPlan,
         state: LoopState | None,
         turn_hash: str,
+        hashes: list[str],
     ) -> LoopState | None:
         span = plan.compact_span
         assert span is not None and plan.compact_rounds is not None and plan.turn_start is not None
@@ -185,6 +210,7 @@ class LoopStage:
                 model=result.model,
                 created_at=now,
                 expires_at=now + policy.ttl_s,
+                covers_hash=hashes[covered - 1],
             ),
         )
         new = LoopState(result.text, covered)
