@@ -7,9 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-DATA = (
-    Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "taubench-airline-dev.jsonl"
-)
+DATA = Path(__file__).resolve().parent / "data" / "taubench-airline-dev.jsonl"
 
 
 def sessions() -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 
 from proxy.compaction.audit import audit
-from proxy.compaction.framing import summary_message
+from proxy.compaction.framing import prompt_chars, summary_message
 from proxy.compaction.loop import LoopPlan, LoopState, loop_view, plan_loop
 from proxy.compaction.summarize import Summarizer, SummarizerFailed
 from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
@@ -181,7 +181,7 @@ class LoopStage:
                     ),
                     "existing_summary": state.summary if state else "",
                     "goal": goal,
-                    "max_summary_chars": session.max_summary_chars,
+                    "max_summary_chars": prompt_chars(session.max_summary_chars),
                     "language": detect_language(messages[: plan.turn_start + 1]),
                 },
                 model=ex.model,

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from proxy.compaction.audit import audit
-from proxy.compaction.framing import summary_message
+from proxy.compaction.framing import prompt_chars, summary_message
 from proxy.compaction.session import AppliedSummary, SessionPlan, plan_session, session_view
 from proxy.compaction.summarize import Breaker, Summarizer, SummarizerFailed
 from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
@@ -169,7 +169,7 @@ class SessionStage:
                         "transcript": render_transcript(body[a:b], policy.max_item_chars),
                         "existing_summary": summary,
                         "current_message": current,
-                        "max_summary_chars": policy.max_summary_chars,
+                        "max_summary_chars": prompt_chars(policy.max_summary_chars),
                         "language": language,
                     },
                     model=ex.model,
