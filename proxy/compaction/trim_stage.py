@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from proxy.compaction.fidelity import plan_fidelity
+from proxy.compaction.outcome import CompactionOutcome
 from proxy.compaction.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
 from proxy.conversation import turn_starts
 from proxy.messages import fingerprint
@@ -54,11 +55,14 @@ class TrimStage:
             return
         ex.trimmed = [fingerprint(messages[i]) for i in sorted(replacements)]
         ex.messages = apply_trim(messages, TrimPlan(replacements))
-        ex.layers.append("trim")
-        ex.log_fields.update(
-            trimmed_results=plan.trimmed,
-            trimmed_chars_saved=plan.saved_chars,
-            shortened_messages=len(shortened) or None,
+        ex.record(
+            CompactionOutcome(
+                "trim",
+                "compacted",
+                "trim_trigger_ratio",
+                count=plan.trimmed,
+                extra={"saved_chars": plan.saved_chars, "shortened": len(shortened)},
+            )
         )
 
 
@@ -93,12 +97,33 @@ class FitToWindow:
         )
         if not dropped or not await ex.ensure_archived():
             return
+        reason = drop_reason(ex)
         ex.messages = messages
-        ex.layers.append("fit_to_window")
+        ex.record(
+            CompactionOutcome("fit_to_window", "compacted", count=dropped, extra={"reason": reason})
+        )
         ex.response_headers["x-recap-dropped-messages"] = str(dropped)
-        ex.log_fields["dropped_messages"] = dropped
+        ex.response_headers["x-recap-dropped-reason"] = DROP_REASONS[reason]
         log.warning(
-            "view over the window after every layer: dropped %d oldest raw messages",
+            "view over the window after every layer: dropped %d oldest raw messages (%s)",
             dropped,
+            DROP_REASONS[reason],
             extra={"request_id": ex.request_id},
         )
+
+
+# Why the layers above left the view over the window, in words for the response header.
+DROP_REASONS = {
+    "summary_failed": "a summary failed, so the history could not be folded",
+    "summaries_off": "summaries are switched off for this tenant or request",
+    "raw_too_large": "what must stay raw (recent turns, the current turn) is over the window",
+}
+
+
+def drop_reason(ex: Exchange) -> str:
+    policy = ex.tenant.compaction
+    if ex.compaction_failed:
+        return "summary_failed"
+    if not (policy.session.enabled and policy.loop.enabled):
+        return "summaries_off"
+    return "raw_too_large"
