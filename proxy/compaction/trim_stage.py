@@ -14,14 +14,18 @@ anything replaces them (`ensure_archived`), so nothing is lost.
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Literal
 
+from proxy.compaction.audit import audit
 from proxy.compaction.fidelity import plan_fidelity
 from proxy.compaction.outcome import CompactionOutcome
 from proxy.compaction.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
 from proxy.conversation import turn_starts
-from proxy.messages import fingerprint
+from proxy.messages import Message, fingerprint
 from proxy.pipeline import Exchange
+from proxy.store.base import CompactionRecord, Store
 
 log = logging.getLogger("recap.trim")
 
@@ -31,6 +35,9 @@ DEFAULT_OUTPUT_SHARE = 0.1
 
 class TrimStage:
     name = "trim"
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     async def __call__(self, ex: Exchange, /) -> None:
         policy = ex.tenant.compaction.trim
@@ -55,6 +62,9 @@ class TrimStage:
             return
         ex.trimmed = [fingerprint(messages[i]) for i in sorted(replacements)]
         ex.messages = apply_trim(messages, TrimPlan(replacements))
+        before = sum(_chars(messages[i]) for i in replacements)
+        after = sum(_chars(m) for m in replacements.values())
+        await _audit(self.store, ex, "trim", "trim_trigger_ratio", "", messages, (before, after))
         ex.record(
             CompactionOutcome(
                 "trim",
@@ -77,6 +87,9 @@ def output_reserve(ex: Exchange) -> int:
 class FitToWindow:
     name = "fit_to_window"
 
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
     async def __call__(self, ex: Exchange, /) -> None:
         if ex.control == "off":
             return
@@ -98,6 +111,11 @@ class FitToWindow:
         if not dropped or not await ex.ensure_archived():
             return
         reason = drop_reason(ex)
+        kept = {id(m) for m in messages}
+        gone = sum(_chars(m) for m in ex.messages if id(m) not in kept)
+        await _audit(
+            self.store, ex, "fit_to_window", reason, DROP_REASONS[reason], messages, (gone, 0)
+        )
         ex.messages = messages
         ex.record(
             CompactionOutcome("fit_to_window", "compacted", count=dropped, extra={"reason": reason})
@@ -127,3 +145,37 @@ def drop_reason(ex: Exchange) -> str:
     if not (policy.session.enabled and policy.loop.enabled):
         return "summaries_off"
     return "raw_too_large"
+
+
+def _chars(message: Message) -> int:
+    return len(json.dumps(message, ensure_ascii=False))
+
+
+async def _audit(
+    store: Store,
+    ex: Exchange,
+    layer: Literal["trim", "fit_to_window"],
+    reason: str,
+    detail: str,
+    after: list[Message],
+    chars: tuple[int, int],
+) -> None:
+    """The layer's audit row (model-free: no summarizer tokens, no model)."""
+    await audit(
+        store,
+        ex.conversation,
+        CompactionRecord(
+            layer=layer,
+            reason=reason,
+            outcome="ok",
+            detail=detail,
+            tokens_before=ex.measure.total(ex.messages),
+            tokens_after=ex.measure.total(after),
+            chars_before=chars[0],
+            chars_after=chars[1],
+            model="",
+            duration_ms=0,
+        ),
+        {"request_id": ex.request_id},
+        with_event=False,
+    )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
 
-Layer = Literal["session", "loop", "trim", "manual"]
+Layer = Literal["session", "loop", "trim", "fit_to_window", "manual"]
 Outcome = Literal["ok", "failed", "skipped"]
 EventType = Literal[
     "request",
