@@ -1,7 +1,9 @@
 """The replay's fake upstream: recorded answers, an extractive summarizer, a log of requests.
 
 Outside the data path: `benchmarks.replay` runs this app in its own process and points Recap
-(or a peer proxy) at it. Before a session the harness posts the session's recorded answers
+(or a peer proxy) at it. It is the tests' fake (`tests.fakes.FakeUpstream`, recording
+nothing) with the replay's control routes and a `reply_to` that finds the recorded answer.
+Before a session the harness posts the session's recorded answers
 (`POST /_replay/session`); then every chat call is answered with the recorded assistant
 message of its step, found by the `x-replay-step` header the harness sends (proxies forward
 it), or else by the last message of the request. So the conversation unfolds exactly as it
@@ -18,26 +20,25 @@ side of this protocol: one session, step by step, through a proxy in front of th
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
-from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from benchmarks.harness import BenchError
 from benchmarks.metrics import Run, Step
-from benchmarks.overhead import BenchError
 from benchmarks.sessions import Session
 from proxy.compaction.transcript import content_text
 from proxy.tokens import TokenCounter
+from tests.fakes import FakeUpstream, Recorded, Reply, ReplyOrAwaitable
 
 STEP_HEADER = "x-replay-step"
 FAKE_MS_HEADER = "x-replay-fake-ms"
@@ -137,34 +138,24 @@ def _fit(sections: dict[str, list[str]], max_chars: int) -> str:
     return text
 
 
-class ReplayUpstream:
+class ReplayUpstream(FakeUpstream):
     """The app's state: the current session's answers and the log since the last read."""
 
     def __init__(self, summarizer_url: str = "", summarizer_model: str = "") -> None:
+        super().__init__(
+            record=False,
+            timing_header=FAKE_MS_HEADER,
+            routes=[
+                Route("/_replay/session", self.session, methods=["POST"]),
+                Route("/_replay/log", self.log),
+            ],
+        )
         self.counter = TokenCounter()
         self.answers: dict[int, dict[str, Any]] = {}
         self.by_last: dict[str, list[int]] = {}
         self.records: list[dict[str, Any]] = []
         self.summarizer_url = summarizer_url.rstrip("/")
         self.summarizer_model = summarizer_model
-        self.client = httpx.AsyncClient(timeout=300, trust_env=False)
-        self.app = Starlette(
-            routes=[
-                Route("/healthz", self.healthz),
-                Route("/_replay/session", self.session, methods=["POST"]),
-                Route("/_replay/log", self.log),
-                Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            ],
-            lifespan=self.lifespan,
-        )
-
-    @contextlib.asynccontextmanager
-    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        yield
-        await self.client.aclose()
-
-    async def healthz(self, request: Request) -> Response:
-        return PlainTextResponse("ok")
 
     async def session(self, request: Request) -> Response:
         data = await request.json()
@@ -179,8 +170,8 @@ class ReplayUpstream:
         records, self.records = self.records, []
         return JSONResponse({"records": records})
 
-    def _step(self, request: Request, messages: list[Any]) -> int | None:
-        header = request.headers.get(STEP_HEADER)
+    def _step(self, headers: Mapping[str, str], messages: list[Any]) -> int | None:
+        header = headers.get(STEP_HEADER)
         if header is not None and header.isdigit() and int(header) in self.answers:
             return int(header)
         # A proxy that drops our header: the first unanswered step ending with this message.
@@ -189,52 +180,24 @@ class ReplayUpstream:
         candidates = self.by_last.get(message_key(messages[-1]), [])
         return candidates.pop(0) if candidates else None
 
-    async def chat(self, request: Request) -> Response:
-        start = time.perf_counter()
-        body = json.loads(await request.body())
+    def reply_to(self, request: Recorded, body: dict[str, Any]) -> ReplyOrAwaitable:
         messages = body.get("messages") or []
-        purpose = request.headers.get("x-recap-purpose", "")
-        step = None if purpose == "summarize" else self._step(request, messages)
+        step = None if request.purpose == "summarize" else self._step(request.headers, messages)
         if step is None:
-            return await self._summarize(body, messages, start)
+            return self._summarize(body, messages)
         self.records.append({"kind": "chat", "step": step, "messages": messages})
         message = self.answers[step]
-        out = {
-            "id": f"chatcmpl-replay-{step}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "replay"),
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish(message)}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        }
-        return _json(out, start)
+        return Reply(
+            content=message.get("content"),
+            tool_calls=message.get("tool_calls"),
+            finish_reason=_finish(message),
+            usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        )
 
-    async def _summarize(self, body: dict[str, Any], messages: list[Any], start: float) -> Response:
+    async def _summarize(self, body: dict[str, Any], messages: list[Any]) -> Reply:
         model = body.get("model")
         if self.summarizer_url:
-            relayed = dict(body, model=self.summarizer_model or model)
-            key = os.environ.get(SUMMARIZER_KEY_ENV, "")
-            headers = {"authorization": f"Bearer {key}"} if key else {}
-            response = await self.client.post(
-                self.summarizer_url + "/chat/completions", json=relayed, headers=headers
-            )
-            try:
-                usage = response.json().get("usage") or {}
-            except ValueError:
-                usage = {}
-            self.records.append(
-                {
-                    "kind": "summarize",
-                    "status": response.status_code,
-                    "input": int(usage.get("prompt_tokens") or 0),
-                    "output": int(usage.get("completion_tokens") or 0),
-                }
-            )
-            return Response(
-                response.content,
-                status_code=response.status_code,
-                media_type=response.headers.get("content-type", "application/json"),
-            )
+            return await self._relay(body, model)
         text = extractive_summary(messages)
         usage = {
             "prompt_tokens": self.counter.count_messages(messages, model),
@@ -249,31 +212,39 @@ class ReplayUpstream:
                 "output": usage["completion_tokens"],
             }
         )
-        out = {
-            "id": "chatcmpl-replay-summary",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model or "replay",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": usage,
-        }
-        return _json(out, start)
+        return Reply(content=text, usage=usage)
+
+    async def _relay(self, body: dict[str, Any], model: str | None) -> Reply:
+        """A summarizer call relayed to the real model, its answer returned as it came."""
+        relayed = dict(body, model=self.summarizer_model or model)
+        key = os.environ.get(SUMMARIZER_KEY_ENV, "")
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
+            response = await client.post(
+                self.summarizer_url + "/chat/completions", json=relayed, headers=headers
+            )
+        try:
+            usage = response.json().get("usage") or {}
+        except ValueError:
+            usage = {}
+        self.records.append(
+            {
+                "kind": "summarize",
+                "status": response.status_code,
+                "input": int(usage.get("prompt_tokens") or 0),
+                "output": int(usage.get("completion_tokens") or 0),
+            }
+        )
+        content_type = response.headers.get("content-type", "application/json")
+        return Reply(
+            raw=response.content,
+            status=response.status_code,
+            headers={"content-type": content_type},
+        )
 
 
 def _finish(message: Mapping[str, Any]) -> str:
     return "tool_calls" if message.get("tool_calls") else "stop"
-
-
-def _json(out: dict[str, Any], start: float) -> Response:
-    raw = json.dumps(out, ensure_ascii=False).encode()
-    ms = (time.perf_counter() - start) * 1000
-    return Response(raw, media_type="application/json", headers={FAKE_MS_HEADER: f"{ms:.3f}"})
 
 
 # -- the harness's side ------------------------------------------------------------------------

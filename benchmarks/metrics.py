@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from benchmarks.harness import percentile
 from benchmarks.sessions import Fact, Session
 from proxy.conversation import check_history
 from proxy.messages import Message
@@ -115,17 +116,6 @@ def retention(session: Session, steps: Sequence[Step]) -> list[Retention]:
         kept = not at_risk or fact.value in json.dumps(step.sent, ensure_ascii=False)
         out.append(Retention(fact, at_risk, kept))
     return out
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between the closest ranks (numpy's default); NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 @dataclass

@@ -4,20 +4,21 @@ Outside the data path: a script that prints figures (never a test). Three server
 own process on a free 127.0.0.1 port, so that none shares an event loop or a GIL with the load
 generator or with another server:
 
-    fake upstream   a minimal Starlette app: a JSON completion, or an SSE stream of 20 small
-                    chunks, with no artificial delay
+    fake upstream   the tests' fake (`tests/fakes.py`), recording nothing: a JSON completion,
+                    or an SSE stream of 20 small chunks, with no artificial delay
     bare            the floor for this stack: a Starlette route that reads the body and forwards
                     it with one shared httpx.AsyncClient, streaming the answer back
     recap           `python -m proxy serve` with its real default stage list, a SQLite store in
                     a temporary directory, JSON logs to a file
 
-All three run on uvicorn with the settings `proxy/cli.py` uses (same loop and HTTP
-implementation: uvloop/httptools when installed, asyncio/h11 otherwise), so Recap and the
-bare pass-through differ only in their application code.
+All three run on uvicorn with the settings `proxy/cli.py` uses (`benchmarks.harness`: the
+same loop and HTTP implementation, uvloop/httptools when installed, asyncio/h11 otherwise),
+so Recap and the bare pass-through differ only in their application code.
 
-The request is a realistic 20-message agent history (system prompt, user/assistant turns,
-four tool calls and their results, tool schemas; about 8 KB of JSON). Its last message
-carries a per-request counter, as a live agent's history grows by one message a turn.
+The request is a realistic 20-message agent history (`benchmarks.agent_request`: system
+prompt, user/assistant turns, four tool calls and their results, tool schemas; about 8 KB of
+JSON). Its last message carries a per-request counter, as a live agent's history grows by one
+message a turn.
 
 Measurements, all interleaved round-robin over the targets (the starting target rotates)
 so that machine noise lands on every target alike:
@@ -43,38 +44,49 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import json
 import math
 import os
 import platform
 import shlex
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
-import yaml
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.agent_request import MODES, Bodies
+from benchmarks.harness import (
+    BenchError,
+    cpu_seconds,
+    environment,
+    fake_command,
+    free_port,
+    git_revision,
+    in_workdir,
+    markdown_table,
+    percentile,
+    recap_command,
+    redact,
+    running,
+    serve_app,
+    stack,
+    write_config,
+)
+from tests.fakes import FakeUpstream, Reply
+
+MODULE = "benchmarks.overhead"
 TARGETS = ("direct", "bare", "recap")
-MODES = ("json", "stream")
 ADDED_P50_MAX_RATIO = 1.3  # Recap's added p50 over the bare pass-through's
 RPS_MIN_RATIO = 0.9  # Recap's streaming RPS over the bare pass-through's
-NONCE = "@@NONCE@@"
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -90,249 +102,18 @@ HOP_BY_HOP = frozenset(
 )
 
 
-class BenchError(Exception):
-    """The benchmark cannot go on (a server did not start, a response was wrong)."""
+# -- the servers (each runs in its own process, see `main`) ----------------------------------
+
+ANSWER = "Done: NO6JO3 now flies HAT136 on 2024-05-22 in economy, $16 charged to your visa."
+USAGE = {"prompt_tokens": 2400, "completion_tokens": 20, "total_tokens": 2420}
 
 
-# -- the request ---------------------------------------------------------------------------
-
-
-def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
-            }
-        ],
-    }
-
-
-def _result(call_id: str, value: Any) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(value)}
-
-
-def _tool(name: str, description: str, **props: str) -> dict[str, Any]:
-    properties = {p: {"type": "string", "description": d} for p, d in props.items()}
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": list(props)},
-        },
-    }
-
-
-def chat_history() -> list[dict[str, Any]]:
-    """20 messages shaped like a tau-bench airline session (the last one holds the nonce)."""
-    policy = (
-        "# Airline Agent Policy\n\nThe current time is 2024-05-15 15:00:00 EST.\n\n"
-        "As an airline agent, you can help users book, modify, or cancel flight reservations.\n"
-        "- Before taking any actions that update the booking database, you must list the "
-        "action details and obtain explicit user confirmation (yes) to proceed.\n"
-        "- You should only make one tool call at a time.\n"
-        "- You should deny user requests that are against this policy.\n\n"
-        "## Modify flight\n- The agent must first obtain the user id and the reservation id.\n"
-        "- Basic economy flights cannot be modified. Other reservations can be modified "
-        "without changing the origin, destination, and trip type.\n"
-        "- The user may change cabin class; all flights in the reservation must share it.\n"
-        "- Payment: the user must provide a single gift card or credit card for any fee.\n"
-    ) * 3
-    flight = {
-        "flight_number": "HAT136",
-        "origin": "JFK",
-        "destination": "SEA",
-        "scheduled_departure_time_est": "19:00:00",
-        "status": "available",
-        "available_seats": {"basic_economy": 9, "economy": 14, "business": 3},
-        "prices": {"basic_economy": 87, "economy": 167, "business": 442},
-    }
-    user = {
-        "user_id": "mia_li_3668",
-        "name": {"first_name": "Mia", "last_name": "Li"},
-        "address": {"address1": "975 Sunset Drive", "city": "Austin", "zip": "78750"},
-        "email": "mia.li3818@example.com",
-        "dob": "1990-04-05",
-        "membership": "gold",
-        "payment_methods": {
-            "credit_card_4421486": {"source": "credit_card", "brand": "visa", "last_four": "7447"},
-            "certificate_7504069": {"source": "certificate", "amount": 250},
-        },
-        "reservations": ["NO6JO3", "AIXC49", "HKEG34"],
-    }
-    reservation = {
-        "reservation_id": "NO6JO3",
-        "user_id": "mia_li_3668",
-        "origin": "JFK",
-        "destination": "SEA",
-        "flight_type": "one_way",
-        "cabin": "economy",
-        "flights": [{"flight_number": "HAT100", "date": "2024-05-20", "price": 151}],
-        "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
-        "payment_history": [{"payment_id": "credit_card_4421486", "amount": 151}],
-        "created_at": "2024-05-02T10:11:12",
-        "total_baggages": 1,
-        "nonfree_baggages": 0,
-        "insurance": "no",
-    }
-    return [
-        {"role": "system", "content": policy},
-        {"role": "user", "content": "Hi! I need to move my flight to Seattle to another day."},
-        {"role": "assistant", "content": "Sure. Could you give me your user id, please?"},
-        {"role": "user", "content": "It's mia_li_3668."},
-        _call("call_1", "get_user_details", {"user_id": "mia_li_3668"}),
-        _result("call_1", user),
-        {
-            "role": "assistant",
-            "content": "Thanks, Mia. Which reservation: NO6JO3, AIXC49 or HKEG34?",
-        },
-        {"role": "user", "content": "The JFK to Seattle one, I think NO6JO3."},
-        _call("call_2", "get_reservation_details", {"reservation_id": "NO6JO3"}),
-        _result("call_2", reservation),
-        {
-            "role": "assistant",
-            "content": "NO6JO3 is a one-way economy trip JFK to SEA on "
-            "2024-05-20 on HAT100. Which date would you like?",
-        },
-        {"role": "user", "content": "The 22nd, the evening if possible."},
-        _call(
-            "call_3",
-            "search_direct_flight",
-            {"origin": "JFK", "destination": "SEA", "date": "2024-05-22"},
-        ),
-        _result(
-            "call_3",
-            [
-                flight,
-                {**flight, "flight_number": "HAT039", "scheduled_departure_time_est": "22:00:00"},
-            ],
-        ),
-        {
-            "role": "assistant",
-            "content": "Two direct evening flights on 2024-05-22: HAT136 at "
-            "19:00 (economy $167) and HAT039 at 22:00 (economy "
-            "$167). The fare difference is $16. Which one?",
-        },
-        {"role": "user", "content": "HAT136, economy, pay with the visa card."},
-        {
-            "role": "assistant",
-            "content": "To confirm: NO6JO3 moves to HAT136 on 2024-05-22, "
-            "economy, the $16 difference charged to visa 7447. "
-            "Shall I proceed (yes/no)?",
-        },
-        {"role": "user", "content": "yes"},
-        _call(
-            "call_4",
-            "update_reservation_flights",
-            {
-                "reservation_id": "NO6JO3",
-                "cabin": "economy",
-                "payment_id": "credit_card_4421486",
-                "flights": [{"flight_number": "HAT136", "date": "2024-05-22"}],
-            },
-        ),
-        _result(
-            "call_4",
-            {
-                **reservation,
-                "flights": [{"flight_number": "HAT136", "date": "2024-05-22", "price": 167}],
-                "request": NONCE,
-            },
-        ),
-    ]
-
-
-def body_template(stream: bool) -> bytes:
-    body: dict[str, Any] = {
-        "model": "gpt-4o",
-        "messages": chat_history(),
-        "tools": [
-            _tool("get_user_details", "Get the details of a user.", user_id="The user id."),
-            _tool("get_reservation_details", "Get a reservation.", reservation_id="The id."),
-            _tool(
-                "search_direct_flight",
-                "Search direct flights.",
-                origin="IATA code",
-                destination="IATA code",
-                date="YYYY-MM-DD",
-            ),
-            _tool(
-                "update_reservation_flights",
-                "Change the flights of a reservation.",
-                reservation_id="The id.",
-                cabin="The cabin.",
-                payment_id="The payment id.",
-            ),
-        ],
-        "temperature": 0.0,
-    }
-    if stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return json.dumps(body).encode()
-
-
-class Bodies:
-    """Request bodies, each with its own counter in the last message."""
-
-    def __init__(self) -> None:
-        self.templates = {mode: body_template(mode == "stream") for mode in MODES}
-        self.n = 0
-
-    def next(self, mode: str) -> bytes:
-        self.n += 1
-        return self.templates[mode].replace(NONCE.encode(), str(self.n).encode())
-
-
-# -- the servers (each runs in its own process, see `serve`) --------------------------------
-
-
-def upstream_app() -> Starlette:
-    """A fake OpenAI upstream with pre-encoded answers, so that it costs as little as it can."""
-    base = {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "gpt-4o",
-    }
-    words = "Done: NO6JO3 now flies HAT136 on 2024-05-22 in economy, $16 charged to your visa."
-    deltas = [{"role": "assistant", "content": ""}] + [{"content": w + " "} for w in words.split()]
-    events = [
-        {**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
-    ]
-    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    usage = {"prompt_tokens": 2400, "completion_tokens": 20, "total_tokens": 2420}
-    events.append({**base, "choices": [], "usage": usage})
-    chunks = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
-    choice = {
-        "index": 0,
-        "finish_reason": "stop",
-        "message": {"role": "assistant", "content": words},
-    }
-    completion = json.dumps(
-        {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
-    ).encode()
-
-    async def sse() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield chunk
-
-    async def chat(request: Request) -> Response:
-        body = json.loads(await request.body())
-        if body.get("stream"):
-            return StreamingResponse(sse(), media_type="text/event-stream")
-        return Response(completion, media_type="application/json")
-
-    async def healthz(request: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    return Starlette(
-        routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", healthz)]
-    )
+def fake_upstream() -> FakeUpstream:
+    """The tests' fake, keeping no requests: every chat call gets the same short answer."""
+    fake = FakeUpstream(record=False)
+    reply = Reply(content=ANSWER, usage=USAGE)
+    fake.chat = lambda body: reply
+    return fake
 
 
 def bare_app(upstream: str) -> Starlette:
@@ -376,110 +157,16 @@ def bare_app(upstream: str) -> Starlette:
     )
 
 
-def serve(kind: str, port: int, upstream: str) -> None:
-    """Run one benchmark server in this process, with the uvicorn settings of `recap serve`."""
-    app = upstream_app() if kind == "upstream" else bare_app(upstream)
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-        server_header=False,
-        date_header=False,
-    )
-
-
-# -- process management ---------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def redact(url: str) -> str:
-    """A store URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in creds:
-        return url
-    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
-
-
-@dataclass
-class Server:
-    name: str
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def log_tail(self, lines: int = 12) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-@contextlib.contextmanager
-def running(name: str, cmd: Sequence[str], port: int, workdir: Path) -> Iterator[Server]:
-    """Start a server process, wait until /healthz answers, stop it (SIGINT, then kill)."""
-    log = workdir / f"{name}.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-        )
-    server = Server(name, f"http://127.0.0.1:{port}", proc, log)
-    try:
-        deadline = time.monotonic() + 30
-        with httpx.Client(trust_env=False, timeout=2) as client:
-            while True:
-                if proc.poll() is not None:
-                    raise BenchError(
-                        f"{name} exited with code {proc.returncode} before it was "
-                        f"ready; the end of its log ({log}):\n{server.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(server.url + "/healthz").status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise BenchError(
-                        f"{name} did not answer /healthz within 30 s:\n{server.log_tail()}"
-                    )
-                time.sleep(0.05)
-        yield server
-    finally:
-        if proc.poll() is None:
-            # SIGINT, not SIGTERM: uvicorn shuts down gracefully on both, then re-raises the
-            # signal, and only SIGINT (KeyboardInterrupt) lets cProfile write its stats.
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-
-
 def recap_config(upstream: str, store: str, workdir: Path) -> Path:
     """A minimal config: one open tenant forwarding to the fake upstream, defaults otherwise."""
     url = f"sqlite:///{workdir / 'recap.db'}" if store == "sqlite" else store
     data = {
         "store": url,
-        "scenes_dir": str(REPO / "scenes"),
         "tenants": {
             "default": {"api_keys": [], "upstream": {"base_url": upstream + "/v1", "timeout_s": 30}}
         },
     }
-    path = workdir / "recap.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return path
+    return write_config(workdir / "recap.yaml", data)
 
 
 # -- the load generator ----------------------------------------------------------------------
@@ -539,17 +226,6 @@ async def window(
     return done, time.perf_counter() - start
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of a process (Linux /proc; 0 where it cannot be read)."""
-    if pid is None:
-        return time.process_time()
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass
 class Throughput:
     rps: dict[str, float]
@@ -591,15 +267,6 @@ async def throughput(
 
 
 # -- figures ---------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between the closest ranks (numpy's default)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 @dataclass
@@ -650,41 +317,47 @@ def ratio(a: float, b: float) -> str:
 
 
 def table(figures: Figures, concurrency: int) -> str:
-    lines = [
-        f"| target | mode | p50 ms | p99 ms | added p50 ms | added p99 ms | added p50 vs bare "
-        f"| RPS c={concurrency} stream | RPS vs bare |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    header = [
+        "target",
+        "mode",
+        "p50 ms",
+        "p99 ms",
+        "added p50 ms",
+        "added p99 ms",
+        "added p50 vs bare",
+        f"RPS c={concurrency} stream",
+        "RPS vs bare",
     ]
+    rows = []
     for target in TARGETS:
         for mode in MODES:
             f = figures.latency[mode][target]
             bare = figures.latency[mode]["bare"]["added_p50_ms"]
-            direct = target == "direct"
+            added = (
+                ["—", "—", "—"]
+                if target == "direct"
+                else [
+                    f"{f['added_p50_ms']:.2f}",
+                    f"{f['added_p99_ms']:.2f}",
+                    ratio(f["added_p50_ms"], bare),
+                ]
+            )
             rps = f"{figures.rps[target]:.0f}" if mode == "stream" else ""
             rps_ratio = ratio(figures.rps[target], figures.rps["bare"]) if mode == "stream" else ""
-            lines.append(
-                f"| {target} | {mode} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} | "
-                + (
-                    "— | — | — | "
-                    if direct
-                    else f"{f['added_p50_ms']:.2f} | {f['added_p99_ms']:.2f} | "
-                    f"{ratio(f['added_p50_ms'], bare)} | "
-                )
-                + f"{rps} | {rps_ratio} |"
+            rows.append(
+                [target, mode, f"{f['p50_ms']:.2f}", f"{f['p99_ms']:.2f}", *added, rps, rps_ratio]
             )
-    return "\n".join(lines)
+    return markdown_table(header, rows, "llrrrrrrr")
 
 
 def cpu_table(figures: Figures, concurrency: int) -> str:
-    lines = [
-        f"| CPU ms per request, c={concurrency} stream | load generator | proxy | upstream |",
-        "|---|--:|--:|--:|",
-    ]
+    header = [f"CPU ms per request, c={concurrency} stream", "load generator", "proxy", "upstream"]
+    rows = []
     for target in TARGETS:
         cpu = figures.cpu_ms[target]
         proxy = "—" if target == "direct" else f"{cpu['proxy']:.2f}"
-        lines.append(f"| {target} | {cpu['loadgen']:.2f} | {proxy} | {cpu['upstream']:.2f} |")
-    return "\n".join(lines)
+        rows.append([target, f"{cpu['loadgen']:.2f}", proxy, f"{cpu['upstream']:.2f}"])
+    return markdown_table(header, rows, "lrrr")
 
 
 def recap_log_figures(log: Path, rows: tuple[int, int]) -> dict[str, float]:
@@ -714,9 +387,7 @@ def recap_log_figures(log: Path, rows: tuple[int, int]) -> dict[str, float]:
 
 
 def command_line(argv: Sequence[str]) -> str:
-    as_module = __spec__ is not None and __spec__.name == "benchmarks.overhead"
-    head = "python -m benchmarks.overhead" if as_module else "python benchmarks/overhead.py"
-    return " ".join([head, *map(shlex.quote, argv)])
+    return " ".join([f"python -m {MODULE}", *map(shlex.quote, argv)])
 
 
 def effective_command(args: argparse.Namespace) -> str:
@@ -725,27 +396,6 @@ def effective_command(args: argparse.Namespace) -> str:
         f"--concurrency {args.concurrency} --duration-s {args.duration_s} "
         f"--slice-s {args.slice_s} --store {shlex.quote(redact(args.store))}"
     )
-
-
-def git_revision() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        return rev.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def stack() -> str:
-    fast = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m)]
-    impl = " + ".join(fast) if fast else "asyncio + h11 (uvloop, httptools not installed)"
-    return f"uvicorn {uvicorn.__version__} loop=auto http=auto: {impl}; httpx {httpx.__version__}"
 
 
 async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> Figures:
@@ -777,28 +427,20 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
 def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
     print(f"$ {command_line(argv)}")
     print(f"(all options: {effective_command(args)})")
-    print(
-        f"revision {git_revision()}; Python {platform.python_version()}; {os.cpu_count()} "
-        f"cores; {stack()}"
-    )
+    print(environment())
     sizes = {m: len(Bodies().next(m)) for m in MODES}
     print(
         f"request: 20 messages, {sizes['json']} bytes of JSON; store: {redact(args.store)}\n",
         flush=True,
     )
-    me = [sys.executable, str(Path(__file__).resolve()), "--serve"]
     up_port, bare_port, recap_port = free_port(), free_port(), free_port()
     with contextlib.ExitStack() as stack_:
         upstream = stack_.enter_context(
-            running("upstream", [*me, "upstream", "--port", str(up_port)], up_port, workdir)
+            running("upstream", fake_command(MODULE, up_port), up_port, workdir)
         )
+        bare_cmd = [sys.executable, "-m", MODULE, "--serve-bare", "--port", str(bare_port)]
         bare = stack_.enter_context(
-            running(
-                "bare",
-                [*me, "bare", "--port", str(bare_port), "--upstream", upstream.url],
-                bare_port,
-                workdir,
-            )
+            running("bare", [*bare_cmd, "--upstream", upstream.url], bare_port, workdir)
         )
         config = recap_config(upstream.url, args.store, workdir)
         profile = (
@@ -806,8 +448,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
             if args.profile_recap
             else []
         )
-        serve_recap = shlex.split("-m proxy serve --host 127.0.0.1 --log-format json --config")
-        recap_cmd = [sys.executable, *profile, *serve_recap, str(config), "--port", str(recap_port)]
+        recap_cmd = recap_command(config, recap_port, [*profile, "-m", "proxy"])
         recap = stack_.enter_context(running("recap", recap_cmd, recap_port, workdir))
         urls = {
             t: s.url + "/v1/chat/completions"
@@ -871,7 +512,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="PATH",
         help="run Recap under cProfile, stats to PATH (its figures are then skewed)",
     )
-    p.add_argument("--serve", choices=["upstream", "bare"], help=argparse.SUPPRESS)
+    p.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--upstream", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -888,18 +530,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if args.serve:
-        serve(args.serve, args.port, args.upstream or "")
+    if args.serve_fake:
+        serve_app(fake_upstream().app, args.port)
         return 0
-    try:
-        if args.workdir:
-            Path(args.workdir).mkdir(parents=True, exist_ok=True)
-            return run(args, argv, Path(args.workdir).resolve())
-        with tempfile.TemporaryDirectory(prefix="recap-bench-") as tmp:
-            return run(args, argv, Path(tmp))
-    except BenchError as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        return 1
+    if args.serve_bare:
+        serve_app(bare_app(args.upstream or ""), args.port)
+        return 0
+    return in_workdir(run, args, argv, "overhead")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ recorded agent called the model (an assistant message after a user or tool messa
 history so far is sent, and a fake upstream answers with the recorded assistant message, so
 every strategy sees exactly the recorded conversation and only what goes upstream differs.
 
-    fake upstream   `benchmarks.fakeup`, in its own process: recorded answers by step, an
-                    extractive summarizer for Recap's summarizer calls (or a relay to a real
-                    model with --summarizer-url), a log of what it received
+    fake upstream   `benchmarks.fakeup` (the tests' fake with the replay's routes), in its
+                    own process: recorded answers by step, an extractive summarizer for
+                    Recap's summarizer calls (or a relay to a real model with
+                    --summarizer-url), a log of what it received
     recap           `python -m proxy serve` in its own process, per Recap variant, with a
                     config this script writes (SQLite in the work directory)
     peer            any OpenAI-compatible proxy (--peer BASE_URL) that forwards to the fake
@@ -39,7 +40,6 @@ import platform
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -47,18 +47,27 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
-import yaml
 
 from benchmarks.fakeup import ReplayUpstream, replay_session
+from benchmarks.harness import (
+    Server,
+    fake_command,
+    free_port,
+    git_revision,
+    in_workdir,
+    recap_command,
+    running,
+    serve_app,
+    write_config,
+)
 from benchmarks.metrics import Figures, Run, Step, Weigher, add_run
-from benchmarks.overhead import BenchError, Server, free_port, git_revision, running
 from benchmarks.report import COLUMNS, Series, details, markdown, plots, verdicts
 from benchmarks.sessions import TAUBENCH, Session, chains, generate, load_taubench, singles
 from benchmarks.strategies import baselines
 from proxy.tokens import TokenCounter
 
 REPO = Path(__file__).resolve().parent.parent
+MODULE = "benchmarks.replay"
 OUT = REPO / "benchmarks" / "out"
 DOCS = REPO / "docs"
 
@@ -177,13 +186,10 @@ def recap_config(
         tenant[key] = {**tenant.get(key, {}), **value}
     data = {
         "store": f"sqlite:///{workdir / (name + '.db')}",
-        "scenes_dir": str(REPO / "scenes"),
         "models": {model_for(w): {"context_window": w} for w in sorted(set(windows))},
         "tenants": {"default": tenant},
     }
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
+    return write_config(workdir / f"{name}.yaml", data)
 
 
 @contextlib.contextmanager
@@ -192,8 +198,7 @@ def recap_server(
 ) -> Iterator[Server]:
     port = free_port()
     config = recap_config(fake, workdir, name, overrides, windows)
-    cmd = [sys.executable, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    with running(name, [*cmd, "--log-format", "json", "--config", str(config)], port, workdir) as s:
+    with running(name, recap_command(config, port), port, workdir) as s:
         yield s
 
 
@@ -227,14 +232,8 @@ def run_servers(
 ) -> None:
     windows = [s.window for s in sets]
     fake_port = args.fake_port or free_port()
-    cmd = [sys.executable, "-m", "benchmarks.replay", "--serve-fake", "--port", str(fake_port)]
-    if args.summarizer_url:
-        cmd += [
-            "--summarizer-url",
-            args.summarizer_url,
-            "--summarizer-model",
-            args.summarizer_model,
-        ]
+    relay = ("--summarizer-url", args.summarizer_url, "--summarizer-model", args.summarizer_model)
+    cmd = fake_command(MODULE, fake_port, *(relay if args.summarizer_url else ()))
     targets: list[tuple[str, str | None]] = [(v, None) for v in args.variants]
     if args.peer:
         targets.append((args.peer_name, args.peer.rstrip("/") + "/chat/completions"))
@@ -260,7 +259,7 @@ def run_servers(
 
 
 def command_line(argv: Sequence[str]) -> str:
-    return " ".join(["python -m benchmarks.replay", *map(shlex.quote, argv)])
+    return " ".join([f"python -m {MODULE}", *map(shlex.quote, argv)])
 
 
 def report(args: argparse.Namespace, argv: Sequence[str], results: Results, elapsed: float) -> str:
@@ -364,11 +363,6 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
     return 0
 
 
-def serve_fake(port: int, summarizer_url: str, summarizer_model: str) -> None:
-    app = ReplayUpstream(summarizer_url, summarizer_model).app
-    uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.replay", description=__doc__.split("\n")[0] if __doc__ else None
@@ -433,17 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.serve_fake:
-        serve_fake(args.port, args.summarizer_url, args.summarizer_model)
+        serve_app(ReplayUpstream(args.summarizer_url, args.summarizer_model).app, args.port)
         return 0
-    try:
-        if args.workdir:
-            Path(args.workdir).mkdir(parents=True, exist_ok=True)
-            return run(args, argv, Path(args.workdir).resolve())
-        with tempfile.TemporaryDirectory(prefix="recap-replay-") as tmp:
-            return run(args, argv, Path(tmp))
-    except BenchError as exc:
-        print(f"replay failed: {exc}", file=sys.stderr)
-        return 1
+    return in_workdir(run, args, argv, "replay")
 
 
 if __name__ == "__main__":

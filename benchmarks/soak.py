@@ -1,11 +1,12 @@
 """Load and soak: many streaming agent conversations for minutes, with compaction firing.
 
 Outside the data path: a script that prints figures (never a test). Two servers, each in
-its own process on a free 127.0.0.1 port (as in benchmarks/overhead.py):
+its own process on a free 127.0.0.1 port (`benchmarks.harness`):
 
-    fake upstream   streams each answer as SSE after a fixed time to first byte
-                    (`--upstream-ttfb-ms`), and answers the proxy's summarizer calls
-                    after `--summarizer-ms` with a summary of about 1,500 characters
+    fake upstream   the tests' fake (`tests/fakes.py`), recording nothing: streams each
+                    answer as SSE after a fixed time to first byte (`--upstream-ttfb-ms`),
+                    and answers the proxy's summarizer calls after `--summarizer-ms` with a
+                    summary of about 1,500 characters
     recap           `python -m proxy serve`, a SQLite store in a temporary directory,
                     JSON logs to a file; a small context window (`--window`) so that
                     session summaries, loop working memory and trimming all fire
@@ -37,28 +38,33 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
 import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
-import yaml
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
 
-from benchmarks.overhead import BenchError, free_port, git_revision, percentile, running, stack
+from benchmarks.harness import (
+    cpu_seconds,
+    environment,
+    fake_command,
+    free_port,
+    in_workdir,
+    markdown_table,
+    percentile,
+    recap_command,
+    running,
+    serve_app,
+    write_config,
+)
+from tests.fakes import FakeUpstream, Reply
 
-REPO = Path(__file__).resolve().parent.parent
+MODULE = "benchmarks.soak"
 MODEL = "soak-small"
 _WORDS = (
     "flight booking seat window aisle refund change cabin economy business baggage passenger "
@@ -66,60 +72,26 @@ _WORDS = (
     "itinerary connection layover gate boarding status confirm policy"
 )
 WORDS = tuple(_WORDS.split(" "))
-_ANSWER = "Done: the reservation is updated and the fee was charged to the card."
-ANSWER = tuple(_ANSWER.split(" "))
-TICKS = os.sysconf("SC_CLK_TCK")
+ANSWER = "Done: the reservation is updated and the fee was charged to the card."
 
 
 # -- the fake upstream (its own process) -----------------------------------------------------
 
 
-def upstream_app(ttfb_ms: float, summarizer_ms: float) -> Starlette:
-    base = {"id": "chatcmpl-soak", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
-    events = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
-    events += [{**base, "choices": [{"index": 0, "delta": {"content": w + " "}}]} for w in ANSWER]
-    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    chunks = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+def fake_upstream(ttfb_ms: float, summarizer_ms: float) -> FakeUpstream:
+    """The tests' fake, keeping no requests: answers stream 10 ms apart after `ttfb_ms`,
+    summaries come after `summarizer_ms`."""
+    fake = FakeUpstream(record=False)
+    answer = Reply(content=ANSWER, delay_s=ttfb_ms / 1000, chunk_delay_s=0.01)
     summary = "## User Goal\n" + " ".join(random.Random(1).choice(WORDS) for _ in range(220))
-
-    async def sse() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield chunk
-            await asyncio.sleep(0.01)
-
-    async def chat(request: Request) -> Response:
-        body = json.loads(await request.body())
-        if request.headers.get("x-recap-purpose") == "summarize":
-            await asyncio.sleep(summarizer_ms / 1000)
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": f"<summary>\n{summary}\n</summary>"},
-                "finish_reason": "stop",
-            }
-            usage = {"prompt_tokens": 3000, "completion_tokens": 400}
-            return JSONResponse({"model": MODEL, "choices": [choice], "usage": usage})
-        await asyncio.sleep(ttfb_ms / 1000)
-        if body.get("stream"):
-            return StreamingResponse(sse(), media_type="text/event-stream")
-        return JSONResponse({"model": MODEL, "choices": []})
-
-    async def healthz(request: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    return Starlette(
-        routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", healthz)]
+    summarized = Reply(
+        content=f"<summary>\n{summary}\n</summary>",
+        delay_s=summarizer_ms / 1000,
+        usage={"prompt_tokens": 3000, "completion_tokens": 400, "total_tokens": 3400},
     )
-
-
-def serve_upstream(port: int, ttfb_ms: float, summarizer_ms: float) -> None:
-    uvicorn.run(
-        upstream_app(ttfb_ms, summarizer_ms),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-    )
+    fake.chat = lambda body: answer
+    fake.summarize = lambda body: summarized
+    return fake
 
 
 # -- the proxy's config ----------------------------------------------------------------------
@@ -129,7 +101,6 @@ def recap_config(upstream: str, workdir: Path, window: int) -> Path:
     """One open tenant; a small window so that every layer fires within a few turns."""
     data = {
         "store": f"sqlite:///{workdir / 'recap.db'}",
-        "scenes_dir": str(REPO / "scenes"),
         "models": {MODEL: {"context_window": window}},
         "tenants": {
             "default": {
@@ -148,9 +119,7 @@ def recap_config(upstream: str, workdir: Path, window: int) -> Path:
             }
         },
     }
-    path = workdir / "recap.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return path
+    return write_config(workdir / "recap.yaml", data)
 
 
 # -- the conversations -----------------------------------------------------------------------
@@ -281,12 +250,6 @@ async def converse(
 # -- what the proxy holds --------------------------------------------------------------------
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has used (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -328,7 +291,7 @@ async def sampler(
 
 
 def cpu_now(pids: dict[str, int]) -> tuple[float, dict[str, float]]:
-    return time.monotonic(), {name: cpu_s(pid) for name, pid in pids.items()}
+    return time.monotonic(), {name: cpu_seconds(pid) for name, pid in pids.items()}
 
 
 def sample(
@@ -425,17 +388,27 @@ def print_report(out: dict[str, Any], args: argparse.Namespace) -> None:
         f = out[name]
         if f:
             print(f"{name}: p50 {f['p50']:.2f}, p99 {f['p99']:.2f}")
-    print(
-        "\n| t (s) | requests | proxy RSS (MB) | open fds | upstream connections "
-        "| CPU proxy / upstream / load generator |"
-    )
-    print("|--:|--:|--:|--:|--:|--:|")
-    for s in out["samples"]:
-        print(
-            f"| {s['t_s']:g} | {s['requests']} | {s['rss_mb']:.1f} | {s['fds']} "
-            f"| {s['upstream_connections']} | {s['cpu_pct_proxy']:.0f}% / "
-            f"{s['cpu_pct_upstream']:.0f}% / {s['cpu_pct_loadgen']:.0f}% |"
-        )
+    header = [
+        "t (s)",
+        "requests",
+        "proxy RSS (MB)",
+        "open fds",
+        "upstream connections",
+        "CPU proxy / upstream / load generator",
+    ]
+    rows = [
+        [
+            f"{s['t_s']:g}",
+            s["requests"],
+            f"{s['rss_mb']:.1f}",
+            s["fds"],
+            s["upstream_connections"],
+            f"{s['cpu_pct_proxy']:.0f}% / {s['cpu_pct_upstream']:.0f}% / "
+            f"{s['cpu_pct_loadgen']:.0f}%",
+        ]
+        for s in out["samples"]
+    ]
+    print("\n" + markdown_table(header, rows, "rrrrrr"))
     print("(the last row: 5 s after the load stopped)")
     rss = out["rss"]
     if rss:
@@ -457,11 +430,8 @@ def print_report(out: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
-    print(f"$ python -m benchmarks.soak {' '.join(argv)}")
-    print(
-        f"revision {git_revision()}; Python {platform.python_version()}; {os.cpu_count()} "
-        f"cores; {stack()}"
-    )
+    print(f"$ python -m {MODULE} {' '.join(argv)}")
+    print(environment())
     print(
         f"{args.conversations} streaming conversations for {args.duration_s:g} s (starting "
         f"over the first {args.ramp_s:g} s, latency measured after that), window "
@@ -469,43 +439,27 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
         f"{args.upstream_ttfb_ms:g} ms, summarizer {args.summarizer_ms:g} ms\n",
         flush=True,
     )
-    me = [sys.executable, "-m", "benchmarks.soak", "--serve-upstream"]
     up_port, recap_port = free_port(), free_port()
+    timing = ["--upstream-ttfb-ms", str(args.upstream_ttfb_ms)]
+    timing += ["--summarizer-ms", str(args.summarizer_ms)]
     with contextlib.ExitStack() as stack_:
         upstream = stack_.enter_context(
-            running(
-                "upstream",
-                [
-                    *me,
-                    "--port",
-                    str(up_port),
-                    "--upstream-ttfb-ms",
-                    str(args.upstream_ttfb_ms),
-                    "--summarizer-ms",
-                    str(args.summarizer_ms),
-                ],
-                up_port,
-                workdir,
-            )
+            running("upstream", fake_command(MODULE, up_port, *timing), up_port, workdir)
         )
         config = recap_config(upstream.url, workdir, args.window)
+        runner = [
+            *(["-m", "cProfile", "-o", args.profile_recap] if args.profile_recap else []),
+            *(
+                ["-m", "benchmarks.tracemem", args.tracemalloc, str(args.sample_s), "--"]
+                if args.tracemalloc
+                else ["-m", "proxy"]
+            ),
+        ]
+        # Under tracemalloc the proxy takes a minute or more to start (loading its tokenizers).
+        ready_s = 300 if args.tracemalloc else 30
+        recap_cmd = recap_command(config, recap_port, runner)
         recap = stack_.enter_context(
-            running(
-                "recap",
-                [
-                    sys.executable,
-                    *(["-m", "cProfile", "-o", args.profile_recap] if args.profile_recap else []),
-                    *(
-                        ["-m", "benchmarks.tracemem", args.tracemalloc, str(args.sample_s), "--"]
-                        if args.tracemalloc
-                        else ["-m", "proxy"]
-                    ),
-                    *("serve", "--host", "127.0.0.1", "--log-format", "json"),
-                    *("--config", str(config), "--port", str(recap_port)),
-                ],
-                recap_port,
-                workdir,
-            )
+            running("recap", recap_cmd, recap_port, workdir, ready_s=ready_s)
         )
         pids = {"proxy": recap.proc.pid, "upstream": upstream.proc.pid}
         figures = asyncio.run(soak(recap.url + "/v1/chat/completions", pids, up_port, args))
@@ -537,7 +491,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="DIR",
         help="run Recap with tracemalloc, a snapshot per sample in DIR (benchmarks/tracemem.py)",
     )
-    p.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.duration_s <= 0 or args.conversations < 1 or args.turns < 1:
@@ -550,18 +504,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if args.serve_upstream:
-        serve_upstream(args.port, args.upstream_ttfb_ms, args.summarizer_ms)
+    if args.serve_fake:
+        fake = fake_upstream(args.upstream_ttfb_ms, args.summarizer_ms)
+        serve_app(fake.app, args.port, backlog=4096)
         return 0
-    try:
-        if args.workdir:
-            Path(args.workdir).mkdir(parents=True, exist_ok=True)
-            return run(args, argv, Path(args.workdir).resolve())
-        with tempfile.TemporaryDirectory(prefix="recap-soak-") as tmp:
-            return run(args, argv, Path(tmp))
-    except BenchError as exc:
-        print(f"soak failed: {exc}", file=sys.stderr)
-        return 1
+    return in_workdir(run, args, argv, "soak")
 
 
 if __name__ == "__main__":

@@ -5,23 +5,29 @@ JSON or SSE completions (tool calls streamed in pieces), upstream errors with
 headers, slow and stalled streams, a reset in the middle of a stream, gzip.
 Requests the proxy makes for summaries carry `x-recap-purpose: summarize` and are
 answered by `summarize` (a deterministic extractive summary by default).
+
+The benchmarks (`benchmarks/`) serve the same fake in its own process: with `record=False`
+(a long run keeps no bodies), a timing header (the fake's own time, which they subtract),
+their own control routes, and `reply_to` overridden where a reply depends on the request's
+headers; a reply may be awaited (to relay a call) and may carry raw bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import inspect
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
 
 
 @dataclass
@@ -42,6 +48,7 @@ class Reply:
     usage: dict[str, int] = field(
         default_factory=lambda: {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     )
+    raw: bytes | None = None  # answer these bytes as they are, with `status` and `headers`
 
 
 @dataclass
@@ -69,12 +76,26 @@ def extractive_summary(request_body: dict[str, Any]) -> str:
     return "<summary>\n## User Goal\n" + "\n".join(picked or lines[:5]) + "\n</summary>"
 
 
+# What `chat` and `summarize` answer: a reply, or (to relay a call) an awaitable of one.
+ReplyOrAwaitable = Reply | Awaitable[Reply]
+
+
 class FakeUpstream:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        record: bool = True,
+        timing_header: str | None = None,
+        routes: Sequence[BaseRoute] = (),
+    ) -> None:
+        """`record=False` keeps no requests; `timing_header` names a header that carries the
+        fake's own time in ms on every non-streamed chat answer; `routes` are served too."""
         self.requests: list[Recorded] = []
+        self.record = record
+        self.timing_header = timing_header
         self.lock = threading.Lock()
-        self.chat: Callable[[dict[str, Any]], Reply] = lambda body: Reply()
-        self.summarize: Callable[[dict[str, Any]], Reply] = lambda body: Reply(
+        self.chat: Callable[[dict[str, Any]], ReplyOrAwaitable] = lambda body: Reply()
+        self.summarize: Callable[[dict[str, Any]], ReplyOrAwaitable] = lambda body: Reply(
             content=extractive_summary(body)
         )
         self.streams_open = 0
@@ -84,8 +105,14 @@ class FakeUpstream:
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/echo/{rest:path}", self._echo, methods=["GET", "POST", "PUT", "DELETE"]),
+                Route("/healthz", self._healthz),
+                *routes,
             ]
         )
+
+    def reply_to(self, request: Recorded, body: dict[str, Any]) -> ReplyOrAwaitable:
+        """The reply to one chat call: `summarize` for the proxy's summaries, else `chat`."""
+        return (self.summarize if request.purpose == "summarize" else self.chat)(body)
 
     # -- inspection ----------------------------------------------------------------------
     def chat_requests(self, purpose: str = "chat") -> list[Recorded]:
@@ -116,9 +143,13 @@ class FakeUpstream:
             body=body,
             purpose=request.headers.get("x-recap-purpose", "chat"),
         )
-        with self.lock:
-            self.requests.append(rec)
+        if self.record:
+            with self.lock:
+                self.requests.append(rec)
         return rec
+
+    async def _healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok")
 
     async def _models(self, request: Request) -> Response:
         await self._record(request)
@@ -146,11 +177,21 @@ class FakeUpstream:
         )
 
     async def _chat(self, request: Request) -> Response:
+        start = time.perf_counter()
+        response = await self._answer(request)
+        if self.timing_header and not isinstance(response, StreamingResponse):
+            response.headers[self.timing_header] = f"{(time.perf_counter() - start) * 1000:.3f}"
+        return response
+
+    async def _answer(self, request: Request) -> Response:
         rec = await self._record(request)
         body = json.loads(rec.body)
-        reply = (self.summarize if rec.purpose == "summarize" else self.chat)(body)
+        answer = self.reply_to(rec, body)
+        reply = await answer if inspect.isawaitable(answer) else answer
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
+        if reply.raw is not None:
+            return Response(reply.raw, status_code=reply.status, headers=reply.headers)
         if reply.status >= 400:
             err = reply.error or {
                 "error": {"message": "fake error", "type": "server_error", "code": None}

@@ -1,7 +1,8 @@
-"""The replay harness's pure parts: inputs, baseline strategies, summarizer, metrics.
+"""The replay harness: inputs, baseline strategies, summarizer, metrics, and its fake upstream.
 
-Fast: no server is started (the replay itself is `python -m benchmarks.replay`), and no
-timing is asserted.
+Fast: the pure parts run in-process; the replay's fake upstream (the tests' fake with the
+replay's routes) is served on loopback, with no proxy in front of it (the replay itself is
+`python -m benchmarks.replay`). No timing is asserted.
 """
 
 from __future__ import annotations
@@ -9,15 +10,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
-from benchmarks.fakeup import extractive_summary, message_key
+from benchmarks.fakeup import (
+    FAKE_MS_HEADER,
+    ReplayUpstream,
+    extractive_summary,
+    message_key,
+    replay_session,
+)
 from benchmarks.metrics import Figures, Run, Step, Weigher, add_run, common_prefix, retention
 from benchmarks.sessions import Fact, Session, chain, facts_of, generate, model_calls
 from benchmarks.strategies import middle_out, no_compaction, sliding_window
 from proxy.compaction.framing import check_summary, extract_summary
 from proxy.conversation import check_history, valid_cut_points
 from proxy.tokens import TokenCounter
+from tests.fakes import FakeUpstream, Reply
+from tests.servers import serve
 from tests.trajectories import DATA, sessions
 
 needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
@@ -249,3 +259,73 @@ def test_fact_retention_counts_only_compacted_first_mentions() -> None:
     assert [(r.at_risk, r.retained) for r in summarised] == [(True, True)]
     assert [(r.at_risk, r.retained) for r in lost] == [(True, False)]
     assert common_prefix(messages, [SYSTEM, first, user("other")]) == 2
+
+
+# -- the replay's fake upstream, on a real server --------------------------------------------
+
+
+def test_the_fake_answers_every_step_with_its_recorded_message() -> None:
+    session = generate(3, 40, "m")
+    fake = ReplayUpstream()
+    with serve(fake.app) as url, httpx.Client(trust_env=False) as client:
+        # With no proxy in front, what the fake receives is the recorded history itself.
+        run = replay_session(client, url + "/v1/chat/completions", url, session, "c")
+    assert [s.index for s in run.steps] == session.steps
+    for step in run.steps:
+        assert step.sent == session.messages[: step.index]
+        assert step.summarizer_calls == 0 and step.added_ms is not None
+    assert fake.requests == []  # the replay's fake keeps no bodies; its own log is read out
+
+
+def test_the_fake_summarizes_a_call_that_matches_no_step() -> None:
+    fake = ReplayUpstream()
+    prompt = summarizer_request("User: cancel ABC123\nAssistant: Cancelled ABC123.")
+    with serve(fake.app) as url, httpx.Client(trust_env=False) as client:
+        r = client.post(
+            url + "/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": prompt},
+            headers={"x-recap-purpose": "summarize"},
+        )
+        log = client.get(url + "/_replay/log").json()["records"]
+    assert r.status_code == 200 and float(r.headers[FAKE_MS_HEADER]) >= 0
+    answer = r.json()["choices"][0]
+    assert answer["message"]["content"] == extractive_summary(prompt)
+    assert answer["finish_reason"] == "stop"
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    assert log == [
+        {
+            "kind": "summarize",
+            "status": 200,
+            "input": usage["prompt_tokens"],
+            "output": usage["completion_tokens"],
+        }
+    ]
+
+
+@pytest.mark.parametrize("status", [200, 429])
+def test_the_fake_relays_summaries_to_a_real_model_as_they_come(status: int) -> None:
+    model = FakeUpstream()  # stands in for the real summarizer model
+    usage = {"prompt_tokens": 70, "completion_tokens": 7, "total_tokens": 77}
+    model.chat = lambda body: Reply(content="<summary>relayed</summary>", usage=usage)
+    if status != 200:
+        model.chat = lambda body: Reply(status=status, headers={"retry-after": "1"})
+    with serve(model.app) as model_url:
+        fake = ReplayUpstream(model_url + "/v1", "the-summarizer")
+        with serve(fake.app) as url, httpx.Client(trust_env=False) as client:
+            r = client.post(
+                url + "/v1/chat/completions",
+                json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"x-recap-purpose": "summarize"},
+            )
+            log = client.get(url + "/_replay/log").json()["records"]
+    relayed = model.chat_requests()[0].json
+    assert relayed["model"] == "the-summarizer"
+    assert relayed["messages"] == [{"role": "user", "content": "hi"}]
+    assert r.status_code == status
+    if status == 200:
+        assert r.json()["choices"][0]["message"]["content"] == "<summary>relayed</summary>"
+        assert log == [{"kind": "summarize", "status": 200, "input": 70, "output": 7}]
+    else:
+        assert r.json()["error"]["message"] == "fake error"
+        assert log == [{"kind": "summarize", "status": status, "input": 0, "output": 0}]
