@@ -77,8 +77,8 @@ def build_stages(state: AppState) -> list[Stage]:
         ArchiveOriginals(state.archiver, state.fingerprints),
         SessionStage(state.store, summarizer, scenes, state.counter, config.tenants),
         LoopStage(state.store, summarizer, scenes),
-        TrimStage(),
-        FitToWindow(),
+        TrimStage(state.store),
+        FitToWindow(state.store),
         EstimateTokens(),
     ]
 

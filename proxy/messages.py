@@ -79,6 +79,12 @@ def fingerprint(message: Message) -> str:
     return h.hexdigest()
 
 
+def is_pinned(message: object) -> bool:
+    """A system or developer message: an instruction, kept wherever it sits (never
+    summarised, trimmed or dropped), whether it leads the history or came later."""
+    return _role(message) in PINNED_ROLES
+
+
 def split_pinned(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
     """Leading system/developer messages are pinned: never summarised, not in the chain."""
     n = 0

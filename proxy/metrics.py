@@ -50,24 +50,28 @@ def route_of(path: str) -> str:
 
 
 def compactions_of(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(layer, outcome) of every compaction attempt one request's log fields record."""
+    """(layer, outcome) of every compaction attempt one request recorded.
+
+    Read from the request's typed outcomes (`compactions` in the log fields, see
+    proxy/compaction/outcome.py); an applied stored summary or a skip is no attempt.
+    """
     out: list[tuple[str, str]] = []
-    trigger, failure = fields.get("session_trigger"), fields.get("session_failure")
-    if trigger is not None or failure:
-        # A forced compaction (x-recap-compaction: force) is audited as "manual".
-        out.append(("manual" if trigger == "forced" else "session", "failed" if failure else "ok"))
-    if fields.get("loop_failure"):
-        out.append(("loop", "failed"))
-    elif fields.get("loop_trigger") is not None:
-        out.append(("loop", "ok"))
-    if fields.get("trimmed_results"):
-        out.append(("trim", "ok"))
-    if fields.get("dropped_messages"):
-        out.append(("fit_to_window", "ok"))
+    for o in _outcomes(fields):
+        if o.get("action") not in ("compacted", "failed"):
+            continue
+        layer = str(o.get("layer"))
+        if layer == "session" and o.get("trigger") == "forced":
+            layer = "manual"  # a forced compaction (x-recap-compaction: force) is audited so
+        out.append((layer, "failed" if o.get("action") == "failed" else "ok"))
     manual = fields.get("manual_compaction")  # the operator's compact route
     if manual:
         out.append(("manual", str(manual)))
     return out
+
+
+def _outcomes(fields: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    found = fields.get("compactions")
+    return [o for o in found if isinstance(o, Mapping)] if isinstance(found, list) else []
 
 
 def _number(value: Any) -> float | None:
@@ -163,13 +167,14 @@ class Metrics:
         ):
             if tokens := _number(fields.get(key)):
                 self.summarizer_tokens.labels(direction).inc(tokens)
-        for layer, key in (
-            ("manual" if fields.get("session_trigger") == "forced" else "session", "compaction_ms"),
-            ("loop", "loop_compaction_ms"),
-            ("manual", "manual_compaction_ms"),
-        ):
-            if (ms := _number(fields.get(key))) is not None:
+        for o in _outcomes(fields):
+            ms = _number(o.get("duration_ms"))
+            if o.get("layer") in ("session", "loop") and ms is not None:
+                forced = o.get("layer") == "session" and o.get("trigger") == "forced"
+                layer = "manual" if forced else str(o.get("layer"))
                 self.summarizer_duration.labels(layer).observe(ms / 1000)
+        if (ms := _number(fields.get("manual_compaction_ms"))) is not None:
+            self.summarizer_duration.labels("manual").observe(ms / 1000)
         if code := fields.get("error"):
             self.errors.labels(str(code)).inc()
         for entry in fields.get("stage_errors") or ():

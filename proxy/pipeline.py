@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from proxy.compaction.outcome import CompactionOutcome, layers
 from proxy.config import Tenant
 from proxy.measure import Measure
 from proxy.messages import Classification, Message, chain_hashes, split_pinned
@@ -53,13 +54,12 @@ class Exchange:
     # Fields for the request's log line, and extra response headers.
     log_fields: dict[str, Any] = field(default_factory=dict)
     response_headers: dict[str, str] = field(default_factory=dict)
-    # Layers that changed the outgoing view, in order ("session", "loop", "trim", ...).
-    layers: list[str] = field(default_factory=list)
+    # What each compaction layer did, in order (read by headers, log, metrics, archive).
+    outcomes: list[CompactionOutcome] = field(default_factory=list)
     # Index in `messages` of the last summary message a stage inserted (protected by
-    # the last-resort fit), and whether a compaction this request failed.
+    # the last-resort fit).
     summary_index: int | None = None
     loop_summary_index: int | None = None
-    compaction_failed: bool = False
     # Fingerprints of the originals the trim stage replaced by placeholders.
     trimmed: list[str] = field(default_factory=list)
     # Set by the archive stage: the fingerprints of the client's messages, in order;
@@ -73,6 +73,23 @@ class Exchange:
         if not self.messages:
             self.messages = list(self.body.get("messages") or [])
         self.original: list[Message] = self.messages
+
+    def record(self, outcome: CompactionOutcome) -> None:
+        self.outcomes.append(outcome)
+
+    def outcome(self, layer: str) -> CompactionOutcome | None:
+        """The last outcome `layer` recorded on this request, if any."""
+        return next((o for o in reversed(self.outcomes) if o.layer == layer), None)
+
+    @property
+    def layers(self) -> list[str]:
+        """Layers that changed the outgoing view, in order ("session", "loop", "trim", ...);
+        applying a stored summary is one."""
+        return layers(self.outcomes)
+
+    @property
+    def compaction_failed(self) -> bool:
+        return any(o.action == "failed" for o in self.outcomes)
 
     @property
     def model(self) -> str | None:
@@ -137,13 +154,14 @@ class Pipeline:
 
     async def run(self, exchange: Exchange) -> None:
         for stage in self.stages:
-            before = exchange.messages
+            before, reported = exchange.messages, len(exchange.outcomes)
             try:
                 await stage(exchange)
             except (
                 Exception
             ) as exc:  # any stage failure: keep going with what we had (see docstring)
                 exchange.messages = before
+                del exchange.outcomes[reported:]
                 exchange.log_fields.setdefault("stage_errors", []).append(
                     f"{stage.name}:{type(exc).__name__}"
                 )

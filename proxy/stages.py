@@ -6,6 +6,8 @@ list by `app.build_stages`.
 
 from __future__ import annotations
 
+from proxy.compaction.outcome import in_words
+from proxy.compaction.outcome import log_fields as outcome_fields
 from proxy.pipeline import Exchange
 
 
@@ -20,6 +22,13 @@ class EstimateTokens:
     name = "estimate_tokens"
 
     async def __call__(self, exchange: Exchange) -> None:
+        # The log line's compaction fields, from what the layers recorded.
+        exchange.log_fields.update(outcome_fields(exchange.outcomes))
+        session = exchange.outcome("session")
+        if exchange.control == "force" and (session is None or session.action != "compacted"):
+            # Forced, yet nothing folded: say why, in words.
+            reason = (session.failure or session.skip_reason) if session else "disabled"
+            exchange.response_headers["x-recap-compaction-skipped"] = in_words(reason)
         if exchange.compaction_failed:
             exchange.response_headers["x-recap-compaction"] = "failed"
         else:

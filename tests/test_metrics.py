@@ -12,6 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.compaction.outcome import CompactionOutcome, log_fields
 from proxy.metrics import compactions_of, route_of
 from tests.conftest import LogCapture
 from tests.fakes import FakeUpstream, Reply
@@ -192,20 +193,31 @@ def test_each_app_has_its_own_registry(proxy_factory: Callable[..., str]) -> Non
 
 
 def test_log_fields_to_layers_and_routes() -> None:
+    def fields(*outcomes: CompactionOutcome, **more: Any) -> dict[str, Any]:
+        return {**log_fields(list(outcomes)), **more}
+
     assert compactions_of({}) == []
-    assert compactions_of({"session_trigger": "context_ratio", "session_failure": None}) == [
+    assert compactions_of(fields(CompactionOutcome("session", "compacted", "context_ratio"))) == [
         ("session", "ok")
     ]
-    assert compactions_of({"session_trigger": "forced", "session_failure": "timeout"}) == [
-        ("manual", "failed")
-    ]
+    forced = CompactionOutcome("session", "failed", "forced", failure="timeout")
+    assert compactions_of(fields(forced)) == [("manual", "failed")]
     assert compactions_of(
-        {"loop_failure": "timeout", "trimmed_results": 2, "dropped_messages": 3}
+        fields(
+            CompactionOutcome("loop", "failed", "tool_rounds", failure="timeout"),
+            CompactionOutcome("trim", "compacted", count=2),
+            CompactionOutcome("fit_to_window", "compacted", count=3),
+        )
     ) == [("loop", "failed"), ("trim", "ok"), ("fit_to_window", "ok")]
-    assert compactions_of({"loop_trigger": "tool_rounds", "manual_compaction": "skipped"}) == [
-        ("loop", "ok"),
-        ("manual", "skipped"),
-    ]
+    # Applying a stored summary or skipping is no compaction attempt.
+    assert compactions_of(
+        fields(
+            CompactionOutcome("session", "applied", version=2),
+            CompactionOutcome("loop", "compacted", "tool_rounds"),
+            CompactionOutcome("trim", "skipped"),
+            manual_compaction="skipped",
+        )
+    ) == [("loop", "ok"), ("manual", "skipped")]
     assert [route_of(p) for p in ("/v1/chat/completions", "/v1/models", "/v1/recap/x", "/x")] == [
         "chat",
         "passthrough",

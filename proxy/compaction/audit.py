@@ -28,9 +28,14 @@ async def audit(
     conv: ConversationRef,
     record: CompactionRecord,
     details: Mapping[str, Any] | None = None,
+    with_event: bool = True,
 ) -> None:
+    """The audit row, and its archive event unless `with_event` is False (the trim layer's
+    event, with the originals it replaced, is written with the request's)."""
     try:
         await store.record_compaction(conv, record)
+        if not with_event or record.layer not in EVENT_OF_LAYER:
+            return
         event = {
             "outcome": record.outcome,
             "reason": record.reason,

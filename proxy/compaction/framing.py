@@ -23,10 +23,17 @@ from typing import Literal
 FRAME_OPEN = "<recap-summary>"
 FRAME_CLOSE = "</recap-summary>"
 
-# A summary may be up to this factor over the target the prompt asked for: models
-# overshoot a character target modestly, and a somewhat long summary still beats
-# none. Beyond it the model ignored the brief (or rambled) and is not trusted.
-TOO_LONG_FACTOR = 1.5
+# The prompt asks for this share of max_summary_chars (seed 003: at most 6,000
+# characters forwarded). Models overshoot a character target modestly, and the guard
+# appends the references the model lost: asking for less leaves room for both, so the
+# cap holds for what is forwarded. A summary over the cap itself is not trusted.
+PROMPT_SHARE = 0.75
+
+
+def prompt_chars(max_chars: int) -> int:
+    """The character target the summarizer prompt names for a cap of `max_chars`."""
+    return max(int(max_chars * PROMPT_SHARE), 1) if max_chars > 0 else max_chars
+
 
 _SUMMARY = re.compile(r"<\s*summary\s*>(.*?)<\s*/\s*summary\s*>", re.IGNORECASE | re.DOTALL)
 _SUMMARY_OPEN = re.compile(r"<\s*summary\s*>", re.IGNORECASE)
@@ -58,14 +65,15 @@ def check_summary(text: str, finish_reason: str | None, max_chars: int) -> str |
     """Why `text` may not replace history, or None when it may.
 
     Valid only when non-empty, the model stopped on its own (a cut-off summary
-    silently loses its last sections), and it is at most TOO_LONG_FACTOR times
-    `max_chars` characters (`max_chars` <= 0: no bound).
+    silently loses its last sections), and it is at most `max_chars` characters
+    (`max_chars` <= 0: no bound). The same checks hold for an answer without
+    <summary> tags, which is then framed like any other.
     """
     if not text or not text.strip():
         return "empty"
     if finish_reason != "stop":
         return f"finish_reason={finish_reason}"
-    if max_chars > 0 and len(text) > max_chars * TOO_LONG_FACTOR:
+    if max_chars > 0 and len(text) > max_chars:
         return "too_long"
     return None
 

@@ -16,7 +16,12 @@ next compaction needs loop_trigger_tool_rounds new rounds, so with the defaults 
 loop pays one summarizer call per 5 steps, never one per step. The token trigger
 (loop_trigger_tokens, counted over the raw working set as sent) fires with fewer rounds:
 it keeps newest rounds only while they stay under half that budget (at least one), so it
-too needs half a budget of new output before it fires again.
+too needs half a budget of new output before it fires again. The token trigger scales
+with the model's window: it is at most WINDOW_SHARE of it, so on a small window rounds
+are summarised long before the last-resort fit would have to drop any.
+
+System and developer messages inside the summarised rounds' span stay in the view, in
+order, right after the working summary: instructions are pinned, never summarised.
 
 The newest round always stays raw: it holds the results the model is about to read.
 """
@@ -29,9 +34,19 @@ from typing import Literal
 
 from proxy.config import LoopCompaction
 from proxy.conversation import ToolRound, tool_rounds, turn_starts
-from proxy.messages import Message
+from proxy.messages import Message, is_pinned
 
 LoopTrigger = Literal["tool_rounds", "tokens"]
+
+# The token trigger's cap, as a share of the model's context window.
+WINDOW_SHARE = 0.5
+
+
+def trigger_tokens(policy: LoopCompaction, context_window: int | None) -> int:
+    """loop_trigger_tokens, capped at WINDOW_SHARE of the window when it is known."""
+    if context_window is None or context_window <= 0:
+        return policy.loop_trigger_tokens
+    return max(1, min(policy.loop_trigger_tokens, int(context_window * WINDOW_SHARE)))
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,7 @@ def plan_loop(
     state: LoopState | None,
     policy: LoopCompaction,
     count: Callable[[Message], int],
+    context_window: int | None = None,
 ) -> LoopPlan:
     starts = turn_starts(messages)
     if not starts:
@@ -101,15 +117,16 @@ def plan_loop(
     for m in reversed(messages[first_raw:]):
         tail.append(tail[-1] + count(m))
     tail.reverse()
+    budget = trigger_tokens(policy, context_window)
     trigger: LoopTrigger
     if raw >= recent + max(policy.loop_trigger_tool_rounds, 1):
         trigger, keep = "tool_rounds", recent
-    elif tail[0] >= policy.loop_trigger_tokens:
+    elif tail[0] >= budget:
         # Keep the newest rounds that fit in half the budget (at least one), so the next
         # compaction waits for half a budget of new output.
         trigger, keep = "tokens", 1
         for k in range(2, min(recent, raw - 1) + 1):
-            if tail[rounds[-k].start - first_raw] > policy.loop_trigger_tokens / 2:
+            if tail[rounds[-k].start - first_raw] > budget / 2:
                 break
             keep = k
     else:
@@ -134,8 +151,10 @@ def loop_view(
     rounds = [r for r in tool_rounds(messages) if r.start > starts[-1]]
     if covered_rounds > len(rounds):
         return list(messages)
+    end = rounds[covered_rounds - 1].end
     return [
         *messages[: starts[-1] + 1],
         summary_message,
-        *messages[rounds[covered_rounds - 1].end :],
+        *[m for m in messages[starts[-1] + 1 : end] if is_pinned(m)],
+        *messages[end:],
     ]

@@ -3,31 +3,40 @@
 Runs on tool_continuation requests, after the session stage (it works on the view the
 session stage assembled). Planning is pure (`loop.plan_loop`); this stage does the IO:
 
-    find the turn's working summary: keyed by the chain hash at the turn's user message
+    find the working summary that covers a prefix of this turn's rounds exactly: each is
+    stored under the chain hash of the client's history through the last round it covers,
+    so it applies only when the request holds that history, in order, unchanged (the same
+    rule as session summaries); the longest match wins
     plan; when rounds are due, under the conversation's lock re-check (another step of
     the same loop may have done it), summarise the due rounds merged into the working
-    summary, store it with the rounds it covers (kept for the turn, with a TTL)
+    summary, store it under the hash of what it now covers (kept for the turn, with a TTL)
     assemble: up to the turn's user message, the working summary, the newest rounds raw
 
 The client re-sends the whole loop on every step, so the stored working summary is
 reused without a new call until the next `loop_trigger_tool_rounds` rounds are due.
+A client that keeps its own sliding window of rounds, a retried or forked turn, or
+another user on a shared derived key sends a different history: the hashes differ, and
+no summary made from another history applies.
 A failure sends the working set as it was (the trim stage still runs after this one).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import Mapping
 
 from proxy.compaction.audit import audit
-from proxy.compaction.framing import summary_message
-from proxy.compaction.loop import LoopPlan, LoopState, loop_view, plan_loop
-from proxy.compaction.summarize import Summarizer, SummarizerFailed
+from proxy.compaction.framing import prompt_chars, summary_message
+from proxy.compaction.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
+from proxy.compaction.outcome import CompactionOutcome, log_started
+from proxy.compaction.summarize import Summarizer, SummarizerFailed, SummaryResult
 from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.config import LoopCompaction
-from proxy.conversation import is_turn_start, turn_starts
-from proxy.messages import Classification, Message
+from proxy.conversation import is_turn_start, tool_rounds, turn_starts
+from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
 from proxy.scenes import SceneSet
 from proxy.store.base import CompactionRecord, LoopSummary, Store
@@ -57,42 +66,47 @@ class LoopStage:
         messages = ex.messages
         if self._quiet(messages, policy, ex):
             return
-        turn_hash = self._turn_hash(ex)
-        if turn_hash is None:
+        covers = self._covers(ex, messages)
+        if covers is None:
             return
+        turn_hash, hashes = covers
         count = ex.measure.tokens
 
-        probe = plan_loop(messages, None, policy, count)
-        ex.log_fields["tool_rounds"] = len(probe.rounds)
+        probe = plan_loop(messages, None, policy, count, ex.context_window)
         if probe.skip_reason == "below_threshold" or not probe.rounds:
             # The working set only grows within a turn: if it is below both triggers
             # now, no earlier step compacted it, so there is no summary to look up.
             return
-        state = await self._state(ex, turn_hash, len(probe.rounds))
-        plan = plan_loop(messages, state, policy, count) if state else probe
+        rounds = {"tool_rounds": len(probe.rounds)}
+        state = await self._state(ex, hashes)
+        plan = plan_loop(messages, state, policy, count, ex.context_window) if state else probe
+        outcome = CompactionOutcome("loop", "skipped", plan.trigger, plan.skip_reason, extra=rounds)
         if plan.compact_rounds is not None and not await ex.ensure_archived():
-            ex.log_fields["loop_skip"] = "archive_failed"
+            outcome = dataclasses.replace(outcome, skip_reason="archive_failed")
         elif plan.compact_rounds is not None:
             async with self.store.conversation_lock(ex.conversation):
                 # Another step of this loop may have summarised these rounds meanwhile.
-                fresher = await self._state(ex, turn_hash, len(plan.rounds))
+                fresher = await self._state(ex, hashes)
                 if fresher != state:
                     state = fresher
-                    plan = plan_loop(messages, state, policy, count)
+                    plan = plan_loop(messages, state, policy, count, ex.context_window)
+                    outcome = dataclasses.replace(outcome, skip_reason=plan.skip_reason)
                 if plan.compact_rounds is not None:
-                    state = await self._compact(ex, policy, plan, state, turn_hash)
-        elif plan.skip_reason:
-            ex.log_fields["loop_skip"] = plan.skip_reason
-        if state is None or state.covered_rounds <= 0:
-            return
-        language = detect_language(messages[: (plan.turn_start or 0) + 1])
-        message = summary_message(
-            state.summary, ex.tenant.compaction.session.summary_role, language, "loop"
-        )
-        ex.messages = loop_view(messages, state.covered_rounds, message)
-        if plan.turn_start is not None and ex.messages is not messages:
-            ex.loop_summary_index = plan.turn_start + 1
-        ex.log_fields["loop_rounds_summarised"] = state.covered_rounds
+                    state, outcome = await self._compact(ex, policy, plan, state, turn_hash, hashes)
+                    outcome = dataclasses.replace(outcome, extra=rounds)
+        if state is not None and state.covered_rounds > 0:
+            language = detect_language(messages[: (plan.turn_start or 0) + 1])
+            message = summary_message(
+                state.summary, ex.tenant.compaction.session.summary_role, language, "loop"
+            )
+            ex.messages = loop_view(messages, state.covered_rounds, message)
+            if plan.turn_start is not None and ex.messages is not messages:
+                ex.loop_summary_index = plan.turn_start + 1
+                if outcome.action == "skipped":
+                    # A stored working summary applied: that is this layer's work too.
+                    outcome = dataclasses.replace(outcome, action="applied")
+                outcome = dataclasses.replace(outcome, covers=state.covered_rounds)
+        ex.record(outcome)
 
     @staticmethod
     def _quiet(messages: list[Message], policy: LoopCompaction, ex: Exchange) -> bool:
@@ -112,20 +126,35 @@ class LoopStage:
         if calls >= rounds_needed:
             return False
         measure = ex.measure
-        return (
-            measure.at_most(messages) < policy.loop_trigger_tokens
-            or measure.total(messages) < policy.loop_trigger_tokens
-        )
+        budget = trigger_tokens(policy, ex.context_window)
+        return measure.at_most(messages) < budget or measure.total(messages) < budget
 
-    def _turn_hash(self, ex: Exchange) -> str | None:
-        """Chain hash of the client's history up to and including the turn's user message."""
+    @staticmethod
+    def _covers(ex: Exchange, view: list[Message]) -> tuple[str, list[str]] | None:
+        """(chain hash through the turn's user message, hashes[k - 1]: the chain hash of the
+        client's history through the turn's k-th tool round), from the client's messages.
+
+        The running turn must be in the view exactly as the client sent it (earlier
+        stages only rewrite what comes before it); otherwise None: no loop layer.
+        """
         ident = ex.identity
-        starts = turn_starts(ident.body)
-        return ident.chain[starts[-1]] if starts else None
+        starts, view_starts = turn_starts(ident.body), turn_starts(view)
+        if not starts or not view_starts:
+            return None
+        turn, view_turn = starts[-1], view_starts[-1]
+        sent, seen = ident.body[turn:], view[view_turn:]
+        if len(sent) != len(seen) or any(a is not b for a, b in zip(sent, seen, strict=True)):
+            return None
+        rounds = [r for r in tool_rounds(ident.body) if r.start > turn]
+        return ident.chain[turn], [ident.chain[r.end - 1] for r in rounds]
 
-    async def _state(self, ex: Exchange, turn_hash: str, rounds: int) -> LoopState | None:
-        found = await self.store.get_loop_summary(ex.conversation, turn_hash, rounds, time.time())
-        return LoopState(found.summary, found.covered_rounds) if found else None
+    async def _state(self, ex: Exchange, hashes: list[str]) -> LoopState | None:
+        found = await self.store.find_loop_summary(ex.conversation, hashes, time.time())
+        if found is None or not 0 < found.covered_rounds <= len(hashes):
+            return None
+        if hashes[found.covered_rounds - 1] != found.covers_hash:
+            return None  # defensive: a row under a hash it does not cover is not used
+        return LoopState(found.summary, found.covered_rounds)
 
     async def _compact(
         self,
@@ -134,44 +163,75 @@ class LoopStage:
         plan: LoopPlan,
         state: LoopState | None,
         turn_hash: str,
-    ) -> LoopState | None:
-        span = plan.compact_span
-        assert span is not None and plan.compact_rounds is not None and plan.turn_start is not None
+        hashes: list[str],
+    ) -> tuple[LoopState | None, CompactionOutcome]:
+        """Summarise the due rounds into the working summary, store it, report."""
+        assert plan.compact_rounds is not None
         start = time.perf_counter()
+        log_started(log, ex, "loop", plan.trigger)
         await ex.notify("recap compacting")
+        before = sum(ex.measure.tokens(m) for m in ex.messages)
+        try:
+            result = await self._summarize(ex, policy, plan, state)
+        except SummarizerFailed as exc:
+            failed = CompactionOutcome(
+                "loop",
+                "failed",
+                plan.trigger,
+                failure=exc.reason,
+                tokens_before=before,
+                tokens_after=before,
+                duration_ms=int((time.perf_counter() - start) * 1000),
+            )
+            await self._audit(ex, plan, failed, "", (0, 0))
+            await ex.notify(f"recap compaction failed: {exc.reason}")
+            log.warning("loop compaction failed, working set sent as it was: %s", exc.reason)
+            return state, failed
+        new = await self._store(ex, policy, plan, result, turn_hash, hashes)
+        outcome = self._outcome(ex, plan, state, new, result, before, start)
+        await self._audit(ex, plan, outcome, result.model, self._chars(ex, plan, state, new))
+        await ex.notify("recap compacted")
+        return new, outcome
+
+    async def _summarize(
+        self, ex: Exchange, policy: LoopCompaction, plan: LoopPlan, state: LoopState | None
+    ) -> SummaryResult:
+        span = plan.compact_span
+        assert span is not None and plan.turn_start is not None
         messages = ex.messages
         session = ex.tenant.compaction.session
         goal = head_tail(
             content_text(messages[plan.turn_start].get("content")), session.max_item_chars
         )
-        measure = ex.measure
-        before = sum(measure.tokens(m) for m in messages)
-        try:
-            result = await self.summarizer.summarize(
-                ex.tenant,
-                self.scenes[ex.tenant.name].get(policy.scene),
-                {
-                    "transcript": render_transcript(
-                        messages[span[0] : span[1]], session.max_item_chars
-                    ),
-                    "existing_summary": state.summary if state else "",
-                    "goal": goal,
-                    "max_summary_chars": session.max_summary_chars,
-                    "language": detect_language(messages[: plan.turn_start + 1]),
-                },
-                model=ex.model,
-                authorization=ex.headers.get("authorization"),
-                max_chars=session.max_summary_chars,
-                replaced=([{"role": "assistant", "content": state.summary}] if state else [])
-                + list(messages[span[0] : span[1]]),
-            )
-        except SummarizerFailed as exc:
-            ex.compaction_failed = True
-            ex.log_fields["loop_failure"] = exc.reason
-            await self._audit(ex, plan, exc.reason, (before, before), start, "")
-            await ex.notify(f"recap compaction failed: {exc.reason}")
-            log.warning("loop compaction failed, working set sent as it was: %s", exc.reason)
-            return state
+        # Instructions in the span stay in the view (loop_view): not summarised.
+        folded = [m for m in messages[span[0] : span[1]] if not is_pinned(m)]
+        return await self.summarizer.summarize(
+            ex.tenant,
+            self.scenes[ex.tenant.name].get(policy.scene),
+            {
+                "transcript": render_transcript(folded, session.max_item_chars),
+                "existing_summary": state.summary if state else "",
+                "goal": goal,
+                "max_summary_chars": prompt_chars(session.max_summary_chars),
+                "language": detect_language(messages[: plan.turn_start + 1]),
+            },
+            model=ex.model,
+            authorization=ex.headers.get("authorization"),
+            max_chars=session.max_summary_chars,
+            replaced=([{"role": "assistant", "content": state.summary}] if state else []) + folded,
+        )
+
+    async def _store(
+        self,
+        ex: Exchange,
+        policy: LoopCompaction,
+        plan: LoopPlan,
+        result: SummaryResult,
+        turn_hash: str,
+        hashes: list[str],
+    ) -> LoopState:
+        """Kept under the chain hash of what it covers: it applies to that history only."""
+        assert plan.compact_rounds is not None
         now = time.time()
         covered = plan.compact_rounds[1]
         await self.store.put_loop_summary(
@@ -185,38 +245,62 @@ class LoopStage:
                 model=result.model,
                 created_at=now,
                 expires_at=now + policy.ttl_s,
+                covers_hash=hashes[covered - 1],
             ),
         )
-        new = LoopState(result.text, covered)
+        return LoopState(result.text, covered)
+
+    @staticmethod
+    def _outcome(
+        ex: Exchange,
+        plan: LoopPlan,
+        old: LoopState | None,
+        new: LoopState,
+        result: SummaryResult,
+        before: int,
+        start: float,
+    ) -> CompactionOutcome:
+        assert plan.compact_span is not None
+        measure = ex.measure
+        folded = ex.messages[plan.boundary(plan.covered_rounds) : plan.compact_span[1]]
         after = (
             before
-            - sum(measure.tokens(m) for m in messages[plan.boundary(plan.covered_rounds) : span[1]])
-            + measure.text(result.text)
-            - (measure.text(state.summary) if state else 0)
+            - sum(measure.tokens(m) for m in folded)
+            + measure.text(new.summary)
+            - (measure.text(old.summary) if old else 0)
         )
-        ex.layers.append("loop")
-        ex.log_fields.update(
-            loop_trigger=plan.trigger,
-            loop_rounds_compacted=covered - plan.covered_rounds,
-            summarizer_tokens_in=ex.log_fields.get("summarizer_tokens_in", 0) + result.input_tokens,
-            summarizer_tokens_out=ex.log_fields.get("summarizer_tokens_out", 0)
-            + result.output_tokens,
-            restored_references=ex.log_fields.get("restored_references", 0)
-            + result.restored_references,
-            loop_compaction_ms=int((time.perf_counter() - start) * 1000),
+        return CompactionOutcome(
+            "loop",
+            "compacted",
+            plan.trigger,
+            tokens_before=before,
+            tokens_after=after,
+            duration_ms=int((time.perf_counter() - start) * 1000),
+            count=new.covered_rounds - plan.covered_rounds,
+            covers=new.covered_rounds,
+            summarizer_tokens_in=result.input_tokens,
+            summarizer_tokens_out=result.output_tokens,
+            restored_references=result.restored_references,
+            calls=1,
         )
-        await self._audit(ex, plan, "", (before, after), start, result.model)
-        await ex.notify("recap compacted")
-        return new
+
+    @staticmethod
+    def _chars(
+        ex: Exchange, plan: LoopPlan, old: LoopState | None, new: LoopState
+    ) -> tuple[int, int]:
+        """Characters of what the summary replaced (old summary + rounds) and of itself."""
+        assert plan.compact_span is not None
+        folded = ex.messages[plan.boundary(plan.covered_rounds) : plan.compact_span[1]]
+        before = sum(len(json.dumps(m, ensure_ascii=False)) for m in folded)
+        return before + (len(old.summary) if old else 0), len(new.summary)
 
     async def _audit(
         self,
         ex: Exchange,
         plan: LoopPlan,
-        failure: str,
-        tokens: tuple[int, int],
-        start: float,
+        outcome: CompactionOutcome,
         model: str,
+        chars: tuple[int, int],
     ) -> None:
         await audit(
             self.store,
@@ -224,14 +308,14 @@ class LoopStage:
             CompactionRecord(
                 layer="loop",
                 reason=str(plan.trigger),
-                outcome="failed" if failure else "ok",
-                detail=failure,
-                tokens_before=tokens[0],
-                tokens_after=tokens[1],
-                chars_before=0,
-                chars_after=0,
+                outcome="failed" if outcome.failure else "ok",
+                detail=outcome.failure or "",
+                tokens_before=outcome.tokens_before or 0,
+                tokens_after=outcome.tokens_after or 0,
+                chars_before=chars[0],
+                chars_after=chars[1],
                 model=model,
-                duration_ms=int((time.perf_counter() - start) * 1000),
+                duration_ms=outcome.duration_ms or 0,
             ),
             {
                 "request_id": ex.request_id,

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.compaction.outcome import in_words
 from proxy.compaction.session_stage import SessionStage
 from proxy.config import Config, Tenant
 from proxy.errors import CompactionFailed, Conflict, NotFound
@@ -76,12 +77,12 @@ async def compact_now(
         archive_now=_already_archived,
     )
     await stage(ex)
-    if ex.compaction_failed:
-        reason = ex.log_fields.get("session_failure") or "unknown"
-        raise CompactionFailed(f"Compaction failed: {reason}.")
-    if "session" not in ex.layers:
-        skip = ex.log_fields.get("session_skip") or "nothing to compact"
-        raise Conflict(f"Nothing was compacted: {skip}.")
+    outcome = ex.outcome("session")
+    if outcome is not None and outcome.action == "failed":
+        raise CompactionFailed(f"Compaction failed: {outcome.failure or 'unknown'}.")
+    if outcome is None or outcome.action != "compacted":
+        reason = outcome.skip_reason if outcome else "disabled"
+        raise Conflict(f"Nothing was compacted: {in_words(reason)}.")
     current = await store.current_summary(conv)
     assert current is not None  # the stage just wrote it
     before = ex.measure.total(ex.original)

@@ -7,7 +7,8 @@ batches through the summarizer in order, each merging into the summary so far, a
 the result with `new_covered`.
 
 The request is `pinned` (leading system/developer messages, sent as they came) + `body`; the
-last turn of `body` is the current one. An applied summary replaces body[:covered].
+last turn of `body` is the current one. An applied summary replaces body[:covered], except
+the system/developer messages in it, which stay (pinned in place, see `session_view`).
 
 Rules, and why:
 - What stays raw: the last `recent_turns` turns and at least `min_recent_ratio` of the
@@ -53,7 +54,7 @@ from typing import Literal
 
 from proxy.config import SessionCompaction
 from proxy.conversation import turn_cut_points, valid_cut_points
-from proxy.messages import Message
+from proxy.messages import Message, is_pinned
 
 # Summaries are written to a character budget; this converts it to tokens for the saving
 # estimate (English prose; Chinese is denser, which only makes the estimate cautious).
@@ -102,8 +103,10 @@ def plan_session(
 ) -> SessionPlan:
     """Decide whether and what to compact for this request (see the module docstring).
 
-    `force` (manual compaction) bypasses the thresholds and `enabled`, not the need for
-    something to compact. Raises ValueError if `applied` covers more than the body holds.
+    `force` (manual compaction) bypasses the thresholds, the saving estimate, the
+    retention of recent turns and `enabled`: it folds everything before the current
+    turn, and skips only when nothing there is left to fold. Raises ValueError if
+    `applied` covers more than the body holds.
     """
     covered = applied.covered if applied is not None else 0
     if not 0 <= covered <= len(body):
@@ -125,8 +128,9 @@ def plan_session(
     over = before >= threshold
     needed = 1 if force else max(policy.min_compact_messages, policy.min_new_messages, 1)
 
-    cut = _raw_from(cuts, covered, tokens, policy, context_window)
-    if cut <= covered and (over or force):
+    # Forced (manual) compaction folds everything before the current turn.
+    cut = cuts[-1] if force else _raw_from(cuts, covered, tokens, policy, context_window)
+    if cut <= covered and over:
         # Keep fewer turns so the summary makes progress: as many as still leave enough.
         cut = next((c for c in cuts if c - covered >= needed), cuts[-1])
     slice_messages = cut - covered
@@ -151,8 +155,8 @@ def plan_session(
             # Over the trigger, but too little history since the boundary to be worth a call.
             return skip("anti_loop" if applied is not None else "too_few_messages", trigger)
     growth = _summary_after(summary_tokens, slice_tokens, policy) - summary_tokens
-    # Forced (manual) compaction skips min_saving_tokens, but never makes the request bigger.
-    if slice_tokens - growth < (1 if force else policy.min_saving_tokens):
+    # Forced (manual) compaction means it: no saving estimate stands in its way.
+    if not force and slice_tokens - growth < policy.min_saving_tokens:
         return skip("saving_below_min", trigger)
 
     batches = _batches(body, covered, cut, policy)
@@ -175,11 +179,14 @@ def session_view(
     The same inputs give the same list of the same objects, so between compactions the
     outgoing prefix is byte-identical and upstream prompt caches keep hitting. Both modes
     use this view: "replace" differs in what the planner leaves raw (only the current
-    turn), never in dropping messages no summary covers.
+    turn), never in dropping messages no summary covers. System and developer messages
+    inside the covered part are instructions, not history: they stay, in order, right
+    after the summary (the summarizer never sees them).
     """
     if summary_message is None:
         return [*pinned, *body]
-    return [*pinned, summary_message, *body[covered:]]
+    kept = [m for m in body[:covered] if is_pinned(m)]
+    return [*pinned, summary_message, *kept, *body[covered:]]
 
 
 class _Prefix:

@@ -16,18 +16,21 @@ records why, and never fails the request.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from proxy.compaction.audit import audit
-from proxy.compaction.framing import summary_message
+from proxy.compaction.framing import prompt_chars, summary_message
+from proxy.compaction.outcome import CompactionOutcome, log_started
 from proxy.compaction.session import AppliedSummary, SessionPlan, plan_session, session_view
-from proxy.compaction.summarize import Breaker, Summarizer, SummarizerFailed
+from proxy.compaction.summarize import Breaker, Summarizer, SummarizerFailed, SummaryResult
 from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.config import SessionCompaction, Tenant
-from proxy.messages import Classification, Message
+from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
 from proxy.scenes import SceneSet
 from proxy.store.base import CompactionRecord, NewSummary, Store, SummaryVersion
@@ -65,31 +68,44 @@ class SessionStage:
 
     async def __call__(self, ex: Exchange) -> None:
         policy = ex.tenant.compaction.session
-        if ex.control == "off" or not (policy.enabled or ex.control == "force"):
+        forced = ex.control == "force"
+        if ex.control == "off" or not (policy.enabled or forced):
             return
         pinned, body, chain = ex.identity.pinned, ex.identity.body, ex.identity.chain
         if len(body) < 2:
+            if forced:
+                ex.record(CompactionOutcome("session", "skipped", "forced", "too_short"))
             return
         applied = as_applied(await self.store.matching_summary(ex.conversation, chain), len(body))
-        # Ordering rule: only once the originals are on disk may a summary of them exist.
-        wants = ex.classification == Classification.TURN_START or ex.control == "force"
+        outcome: CompactionOutcome | None = None
         breaker = self.breakers.setdefault(
             ex.tenant.name, Breaker(policy.failure_threshold, policy.cooldown_s)
         )
-        if wants and breaker.open(ex.conversation):
-            ex.log_fields["session_skip"] = "circuit_open"
-            wants = False
-        if wants:
-            applied = await self._maybe_compact(ex, policy, pinned, body, chain, applied, breaker)
-        if applied is None:
-            return
-        ex.response_headers["x-recap-summary-version"] = str(applied.version)
-        language = detect_language(body[: applied.covered])
-        message = summary_message(applied.summary, policy.summary_role, language, "session")
-        ex.messages = session_view(pinned, body, applied.covered, message)
-        ex.summary_index = len(pinned)
-        ex.log_fields["summary_version"] = applied.version
-        ex.log_fields["summary_covers"] = applied.covered
+        if ex.classification == Classification.TURN_START or forced:
+            if breaker.open(ex.conversation):
+                outcome = CompactionOutcome("session", "skipped", skip_reason="circuit_open")
+            else:
+                applied, outcome = await self._maybe_compact(
+                    ex, policy, pinned, body, chain, applied, breaker
+                )
+        if applied is not None:
+            # Applying a stored summary shortens the view: that is this layer's work too.
+            if outcome is None or outcome.action == "skipped":
+                outcome = CompactionOutcome(
+                    "session",
+                    "applied",
+                    trigger=outcome.trigger if outcome else None,
+                    skip_reason=outcome.skip_reason if outcome else None,
+                    extra=outcome.extra if outcome else {},
+                )
+            outcome = dataclasses.replace(outcome, version=applied.version, covers=applied.covered)
+            ex.response_headers["x-recap-summary-version"] = str(applied.version)
+            language = detect_language(body[: applied.covered])
+            message = summary_message(applied.summary, policy.summary_role, language, "session")
+            ex.messages = session_view(pinned, body, applied.covered, message)
+            ex.summary_index = len(pinned)
+        if outcome is not None:
+            ex.record(outcome)
 
     def _plan(
         self,
@@ -119,14 +135,13 @@ class SessionStage:
         chain: list[str],
         applied: AppliedSummary | None,
         breaker: Breaker,
-    ) -> AppliedSummary | None:
+    ) -> tuple[AppliedSummary | None, CompactionOutcome]:
+        """Plan; when it compacts, under the lock: re-plan, summarise, store, report."""
         plan = self._plan(ex, policy, pinned, body, applied)
         if not plan.compacts:
-            ex.log_fields["session_skip"] = plan.skip_reason
-            return applied
+            return applied, _skipped(plan, plan.skip_reason)
         if not await ex.ensure_archived():
-            ex.log_fields["session_skip"] = "archive_failed"
-            return applied
+            return applied, _skipped(plan, "archive_failed")
         conv = ex.conversation
         async with self.store.conversation_lock(conv):
             # Another request of this conversation may have compacted while we waited:
@@ -136,60 +151,73 @@ class SessionStage:
                 applied = latest
                 plan = self._plan(ex, policy, pinned, body, applied)
                 if not plan.compacts:
-                    ex.log_fields["session_reused"] = True
-                    return applied
-            return await self._compact(ex, policy, body, chain, plan, breaker)
+                    return applied, _skipped(plan, plan.skip_reason, reused=True)
+            start = time.perf_counter()
+            log_started(log, ex, "session", _reason(ex, plan))
+            await ex.notify("recap compacting")
+            run = await self._summarize(ex, policy, body, chain, plan)
+            duration_ms = int((time.perf_counter() - start) * 1000)
+            if run.failure:
+                breaker.failed(conv)
+            else:
+                breaker.succeeded(conv)
+            outcome = self._outcome(ex, body, plan, run, duration_ms)
+            await self._audit(ex, body, plan, run, outcome)
+            if run.failure:
+                await ex.notify(f"recap compaction failed: {run.failure}")
+                log.warning(
+                    "session compaction failed, sending history as it was: %s",
+                    run.failure,
+                    extra={"request_id": ex.request_id},
+                )
+            else:
+                await ex.notify("recap compacted")
+            return run.applied, outcome
 
-    async def _compact(
+    async def _summarize(
         self,
         ex: Exchange,
         policy: SessionCompaction,
         body: list[Message],
         chain: list[str],
         plan: SessionPlan,
-        breaker: Breaker,
-    ) -> AppliedSummary | None:
-        conv = ex.conversation
-        applied = plan.applied
-        start = time.perf_counter()
-        await ex.notify("recap compacting")
+    ) -> _Run:
+        """Each batch through the summarizer, merged into the summary so far, each result
+        stored as a new version at once (a later failure keeps the earlier batches)."""
+        run = _Run(plan.applied, ex.model or "")
         scene = self.scenes[ex.tenant.name].get(policy.scene)
-        summary = applied.summary if applied else ""
+        summary = plan.applied.summary if plan.applied else ""
         current = head_tail(content_text(body[-1].get("content")), policy.max_item_chars)
         language = detect_language(body)
-        tokens_in = tokens_out = restored = 0
-        model = ex.model or ""
-        failure = ""
         for a, b in plan.batches:
+            # Instructions stay in the view (session_view): they are not summarised.
+            span = [m for m in body[a:b] if not is_pinned(m)]
             try:
                 result = await self.summarizer.summarize(
                     ex.tenant,
                     scene,
                     {
-                        "transcript": render_transcript(body[a:b], policy.max_item_chars),
+                        "transcript": render_transcript(span, policy.max_item_chars),
                         "existing_summary": summary,
                         "current_message": current,
-                        "max_summary_chars": policy.max_summary_chars,
+                        "max_summary_chars": prompt_chars(policy.max_summary_chars),
                         "language": language,
                     },
                     model=ex.model,
                     authorization=ex.headers.get("authorization"),
                     max_chars=policy.max_summary_chars,
                     # The previous summary too: what the merge dropped from it is restored.
-                    replaced=[{"role": "assistant", "content": summary}, *body[a:b]]
+                    replaced=[{"role": "assistant", "content": summary}, *span]
                     if summary
-                    else body[a:b],
+                    else span,
                 )
             except SummarizerFailed as exc:
-                failure = exc.reason
+                run.failure = exc.reason
                 break
             summary = result.text
-            tokens_in += result.input_tokens
-            tokens_out += result.output_tokens
-            restored += result.restored_references
-            model = result.model
+            run.add(result)
             version = await self.store.add_summary_version(
-                conv,
+                ex.conversation,
                 NewSummary(
                     summary=summary,
                     covered=b,
@@ -200,49 +228,59 @@ class SessionStage:
                     reason=_reason(ex, plan),
                 ),
             )
-            applied = AppliedSummary(summary, b, version.version)
-        duration_ms = int((time.perf_counter() - start) * 1000)
-        progressed = applied is not plan.applied
-        if failure:
-            breaker.failed(conv)
-        else:
-            breaker.succeeded(conv)
+            run.applied = AppliedSummary(summary, b, version.version)
+        return run
+
+    def _outcome(
+        self, ex: Exchange, body: list[Message], plan: SessionPlan, run: _Run, duration_ms: int
+    ) -> CompactionOutcome:
+        progressed = run.applied is not plan.applied
         after = plan.tokens_before
-        if applied is not None and progressed:
-            after = plan.tokens_before - self._saved(ex, body, plan, applied)
-        if failure:
-            ex.compaction_failed = True
-        if progressed:
-            ex.layers.append("session")
-        ex.log_fields.update(
-            session_trigger=plan.trigger,
-            session_batches=len(plan.batches),
-            session_failure=failure or None,
-            compacted_messages=(applied.covered if applied else 0)
+        if run.applied is not None and progressed:
+            after = plan.tokens_before - self._saved(ex, body, plan, run.applied)
+        return CompactionOutcome(
+            "session",
+            "failed" if run.failure else "compacted" if progressed else "skipped",
+            trigger=plan.trigger,
+            failure=run.failure or None,
+            tokens_before=plan.tokens_before,
+            tokens_after=after,
+            duration_ms=duration_ms,
+            count=(run.applied.covered if run.applied else 0)
             - (plan.applied.covered if plan.applied else 0),
-            summarizer_tokens_in=ex.log_fields.get("summarizer_tokens_in", 0) + tokens_in,
-            summarizer_tokens_out=ex.log_fields.get("summarizer_tokens_out", 0) + tokens_out,
-            restored_references=ex.log_fields.get("restored_references", 0) + restored,
-            compaction_ms=duration_ms,
+            summarizer_tokens_in=run.tokens_in,
+            summarizer_tokens_out=run.tokens_out,
+            restored_references=run.restored,
+            calls=len(plan.batches),
         )
+
+    async def _audit(
+        self,
+        ex: Exchange,
+        body: list[Message],
+        plan: SessionPlan,
+        run: _Run,
+        outcome: CompactionOutcome,
+    ) -> None:
+        applied = run.applied
         chars_before = _chars(body[plan.applied.covered if plan.applied else 0 :])
         chars_after = _chars(body[applied.covered if applied else 0 :]) + len(
             applied.summary if applied else ""
         )
         await audit(
             self.store,
-            conv,
+            ex.conversation,
             CompactionRecord(
                 layer="manual" if ex.control == "force" else "session",
                 reason=_reason(ex, plan),
-                outcome="failed" if failure else "ok",
-                detail=failure,
+                outcome="failed" if run.failure else "ok",
+                detail=run.failure,
                 tokens_before=plan.tokens_before,
-                tokens_after=after,
+                tokens_after=outcome.tokens_after or plan.tokens_before,
                 chars_before=chars_before,
                 chars_after=chars_after,
-                model=model,
-                duration_ms=duration_ms,
+                model=run.model,
+                duration_ms=outcome.duration_ms or 0,
             ),
             {
                 "request_id": ex.request_id,
@@ -250,18 +288,10 @@ class SessionStage:
                 "covered": applied.covered if applied else 0,
                 "previous_version": plan.applied.version if plan.applied else None,
                 "batches": len(plan.batches),
-                "summarizer_input_tokens": tokens_in,
-                "summarizer_output_tokens": tokens_out,
+                "summarizer_input_tokens": run.tokens_in,
+                "summarizer_output_tokens": run.tokens_out,
             },
         )
-        await ex.notify("recap compacted" if not failure else f"recap compaction failed: {failure}")
-        if failure:
-            log.warning(
-                "session compaction failed, sending history as it was: %s",
-                failure,
-                extra={"request_id": ex.request_id},
-            )
-        return applied
 
     def _saved(
         self, ex: Exchange, body: list[Message], plan: SessionPlan, applied: AppliedSummary
@@ -271,6 +301,34 @@ class SessionStage:
         old_sum = measure.text(plan.applied.summary) if plan.applied else 0
         removed = sum(measure.tokens(m) for m in body[old_cov : applied.covered])
         return removed + old_sum - measure.text(applied.summary)
+
+
+@dataclass
+class _Run:
+    """What the summarizer calls of one compaction produced so far."""
+
+    applied: AppliedSummary | None
+    model: str
+    failure: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    restored: int = 0
+
+    def add(self, result: SummaryResult) -> None:
+        self.tokens_in += result.input_tokens
+        self.tokens_out += result.output_tokens
+        self.restored += result.restored_references
+        self.model = result.model
+
+
+def _skipped(plan: SessionPlan, reason: str | None, reused: bool = False) -> CompactionOutcome:
+    return CompactionOutcome(
+        "session",
+        "skipped",
+        trigger=plan.trigger,
+        skip_reason=reason,
+        extra={"reused": True} if reused else {},
+    )
 
 
 def _reason(ex: Exchange, plan: SessionPlan) -> str:

@@ -39,7 +39,7 @@ from proxy.conversation import (
     turn_starts,
     valid_cut_points,
 )
-from proxy.messages import Message, fingerprint
+from proxy.messages import Message, fingerprint, is_pinned
 
 ARCHIVE_SCHEME = "recap://message/"
 # How much of the first and last line a placeholder keeps.
@@ -148,9 +148,10 @@ def fit_to_window(
 ) -> tuple[list[Message], int]:
     """Drop the oldest raw history until the estimate fits; returns (messages, dropped).
 
-    Never dropped: pinned messages, the summary and everything before it, the current
-    turn's user message, and the newest unit (what the model is answering). Before the
-    current user message whole turns go, oldest first; after it whole tool rounds.
+    Never dropped: pinned messages (leading or not), the summary and everything before
+    it, the current turn's user message, and the newest unit (what the model is
+    answering). Before the current user message whole turns go, oldest first; after it
+    whole tool rounds.
     """
     counts = [count(m) for m in messages]
     total = sum(counts)
@@ -173,8 +174,10 @@ def fit_to_window(
     for start, end in units:
         if total <= context_window:
             break
-        dropped.update(range(start, end))
-        total -= sum(counts[start:end])
+        # Instructions (system/developer messages) stay wherever they sit.
+        gone = [i for i in range(start, end) if not is_pinned(messages[i])]
+        dropped.update(gone)
+        total -= sum(counts[i] for i in gone)
     return [m for i, m in enumerate(messages) if i not in dropped], len(dropped)
 
 

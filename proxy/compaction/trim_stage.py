@@ -14,13 +14,18 @@ anything replaces them (`ensure_archived`), so nothing is lost.
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Literal
 
+from proxy.compaction.audit import audit
 from proxy.compaction.fidelity import plan_fidelity
+from proxy.compaction.outcome import CompactionOutcome
 from proxy.compaction.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
 from proxy.conversation import turn_starts
-from proxy.messages import fingerprint
+from proxy.messages import Message, fingerprint
 from proxy.pipeline import Exchange
+from proxy.store.base import CompactionRecord, Store
 
 log = logging.getLogger("recap.trim")
 
@@ -30,6 +35,9 @@ DEFAULT_OUTPUT_SHARE = 0.1
 
 class TrimStage:
     name = "trim"
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     async def __call__(self, ex: Exchange, /) -> None:
         policy = ex.tenant.compaction.trim
@@ -54,11 +62,17 @@ class TrimStage:
             return
         ex.trimmed = [fingerprint(messages[i]) for i in sorted(replacements)]
         ex.messages = apply_trim(messages, TrimPlan(replacements))
-        ex.layers.append("trim")
-        ex.log_fields.update(
-            trimmed_results=plan.trimmed,
-            trimmed_chars_saved=plan.saved_chars,
-            shortened_messages=len(shortened) or None,
+        before = sum(_chars(messages[i]) for i in replacements)
+        after = sum(_chars(m) for m in replacements.values())
+        await _audit(self.store, ex, "trim", "trim_trigger_ratio", "", messages, (before, after))
+        ex.record(
+            CompactionOutcome(
+                "trim",
+                "compacted",
+                "trim_trigger_ratio",
+                count=plan.trimmed,
+                extra={"saved_chars": plan.saved_chars, "shortened": len(shortened)},
+            )
         )
 
 
@@ -72,6 +86,9 @@ def output_reserve(ex: Exchange) -> int:
 
 class FitToWindow:
     name = "fit_to_window"
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     async def __call__(self, ex: Exchange, /) -> None:
         if ex.control == "off":
@@ -93,12 +110,72 @@ class FitToWindow:
         )
         if not dropped or not await ex.ensure_archived():
             return
+        reason = drop_reason(ex)
+        kept = {id(m) for m in messages}
+        gone = sum(_chars(m) for m in ex.messages if id(m) not in kept)
+        await _audit(
+            self.store, ex, "fit_to_window", reason, DROP_REASONS[reason], messages, (gone, 0)
+        )
         ex.messages = messages
-        ex.layers.append("fit_to_window")
+        ex.record(
+            CompactionOutcome("fit_to_window", "compacted", count=dropped, extra={"reason": reason})
+        )
         ex.response_headers["x-recap-dropped-messages"] = str(dropped)
-        ex.log_fields["dropped_messages"] = dropped
+        ex.response_headers["x-recap-dropped-reason"] = DROP_REASONS[reason]
         log.warning(
-            "view over the window after every layer: dropped %d oldest raw messages",
+            "view over the window after every layer: dropped %d oldest raw messages (%s)",
             dropped,
+            DROP_REASONS[reason],
             extra={"request_id": ex.request_id},
         )
+
+
+# Why the layers above left the view over the window, in words for the response header.
+DROP_REASONS = {
+    "summary_failed": "a summary failed, so the history could not be folded",
+    "summaries_off": "summaries are switched off for this tenant or request",
+    "raw_too_large": "what must stay raw (recent turns, the current turn) is over the window",
+}
+
+
+def drop_reason(ex: Exchange) -> str:
+    policy = ex.tenant.compaction
+    if ex.compaction_failed:
+        return "summary_failed"
+    if not (policy.session.enabled and policy.loop.enabled):
+        return "summaries_off"
+    return "raw_too_large"
+
+
+def _chars(message: Message) -> int:
+    return len(json.dumps(message, ensure_ascii=False))
+
+
+async def _audit(
+    store: Store,
+    ex: Exchange,
+    layer: Literal["trim", "fit_to_window"],
+    reason: str,
+    detail: str,
+    after: list[Message],
+    chars: tuple[int, int],
+) -> None:
+    """The layer's audit row (model-free: no summarizer tokens, no model)."""
+    await audit(
+        store,
+        ex.conversation,
+        CompactionRecord(
+            layer=layer,
+            reason=reason,
+            outcome="ok",
+            detail=detail,
+            tokens_before=ex.measure.total(ex.messages),
+            tokens_after=ex.measure.total(after),
+            chars_before=chars[0],
+            chars_after=chars[1],
+            model="",
+            duration_ms=0,
+        ),
+        {"request_id": ex.request_id},
+        with_event=False,
+    )

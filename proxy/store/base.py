@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
 
-Layer = Literal["session", "loop", "trim", "manual"]
+Layer = Literal["session", "loop", "trim", "fit_to_window", "manual"]
 Outcome = Literal["ok", "failed", "skipped"]
 EventType = Literal[
     "request",
@@ -136,6 +136,9 @@ class LoopSummary:
     model: str
     created_at: float
     expires_at: float
+    # Chain hash of the client's history through the last round covered: the summary
+    # applies only to a request that holds exactly that history ("" for none).
+    covers_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -372,6 +375,12 @@ class Store(abc.ABC):
         self, conv: ConversationRef, turn_hash: str, max_rounds: int, now: float
     ) -> LoopSummary | None:
         """The unexpired summary of this turn covering the most rounds <= max_rounds."""
+
+    @abc.abstractmethod
+    async def find_loop_summary(
+        self, conv: ConversationRef, covers: Sequence[str], now: float
+    ) -> LoopSummary | None:
+        """The unexpired summary whose covers_hash is one of `covers`, covering the most rounds."""
 
     @abc.abstractmethod
     async def put_loop_summary(self, conv: ConversationRef, s: LoopSummary) -> None: ...

@@ -146,6 +146,32 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
         rekey=True,
     ),
+    # A working summary applies only to the history it was made from: covers_hash is the
+    # chain hash of the client's messages through the last round it covers. Rows written
+    # before it cannot be checked against a history, so they are dropped (working memory
+    # is short-lived; the worst case is one more summarizer call).
+    Migration(
+        3,
+        "loop summaries keyed by the chain hash of the rounds they cover",
+        (
+            "DROP TABLE loop_summaries",
+            f"""CREATE TABLE loop_summaries (
+                tenant TEXT NOT NULL,
+                key TEXT NOT NULL,
+                turn_hash TEXT NOT NULL,
+                covered_rounds INTEGER NOT NULL,
+                summary TEXT NOT NULL,
+                input_tokens INTEGER NOT NULL,
+                output_tokens INTEGER NOT NULL,
+                model TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                expires_at REAL NOT NULL,
+                covers_hash TEXT NOT NULL DEFAULT '',
+                PRIMARY KEY (tenant, key, turn_hash, covered_rounds, covers_hash),
+                {_CONV_FK}
+            )""",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -129,6 +129,28 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
         rekey=True,
     ),
+    # As SQLite's migration 3: working summaries keyed by what they cover.
+    Migration(
+        3,
+        "loop summaries keyed by the chain hash of the rounds they cover",
+        (
+            "DROP TABLE loop_summaries",
+            f"""CREATE TABLE loop_summaries (
+                {_KEYS},
+                turn_hash TEXT COLLATE "C" NOT NULL,
+                covered_rounds INTEGER NOT NULL,
+                summary TEXT NOT NULL,
+                input_tokens BIGINT NOT NULL,
+                output_tokens BIGINT NOT NULL,
+                model TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                expires_at DOUBLE PRECISION NOT NULL,
+                covers_hash TEXT COLLATE "C" NOT NULL DEFAULT '',
+                PRIMARY KEY (tenant, key, turn_hash, covered_rounds, covers_hash),
+                {_CONV_FK}
+            )""",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -227,6 +227,21 @@ class SqlStore(Store):
         )
         return None if row is None else LoopSummary(*row)
 
+    async def find_loop_summary(
+        self, conv: ConversationRef, covers: Sequence[str], now: float
+    ) -> LoopSummary | None:
+        hashes = [h for h in dict.fromkeys(covers) if h]
+        if not hashes:
+            return None
+        marks = ", ".join("?" * len(hashes))
+        row = await self._fetch_one(
+            f"SELECT {LOOP_COLUMNS} FROM loop_summaries"
+            f" WHERE tenant = ? AND key = ? AND covers_hash IN ({marks})"
+            " AND expires_at > ? ORDER BY covered_rounds DESC LIMIT 1",
+            (conv.tenant, conv.key, *hashes, now),
+        )
+        return None if row is None else LoopSummary(*row)
+
     async def list_conversations(
         self,
         tenant: str | None,
@@ -367,15 +382,14 @@ class SqlStore(Store):
                 (conv.tenant, conv.key, now),
             )
             row = {k: self._text(v) for k, v in fields(s).items()}
-            replace = ", ".join(
-                f"{c} = excluded.{c}" for c in row if c not in ("turn_hash", "covered_rounds")
-            )
+            key = ("turn_hash", "covered_rounds", "covers_hash")
+            replace = ", ".join(f"{c} = excluded.{c}" for c in row if c not in key)
             await insert(
                 tx,
                 "loop_summaries",
                 conv,
                 row,
-                f" ON CONFLICT (tenant, key, turn_hash, covered_rounds) DO UPDATE SET {replace}",
+                f" ON CONFLICT (tenant, key, {', '.join(key)}) DO UPDATE SET {replace}",
             )
 
         await self._transact(body)

@@ -109,8 +109,9 @@ TABLES: tuple[Table, ...] = (
             "model",
             "created_at",
             "expires_at",
+            "covers_hash",
         ),
-        "tenant, key, turn_hash, covered_rounds",
+        "tenant, key, turn_hash, covered_rounds, covers_hash",
     ),
 )
 

@@ -82,8 +82,8 @@ def test_extract_keeps_a_real_summary_byte_for_byte() -> None:
         (REAL_SUMMARY, "length", 6000, "finish_reason=length"),
         (REAL_SUMMARY, None, 6000, "finish_reason=None"),
         (REAL_SUMMARY, "content_filter", 6000, "finish_reason=content_filter"),
-        ("x" * 150, "stop", 100, None),  # at the 1.5x bound: still accepted
-        ("x" * 151, "stop", 100, "too_long"),
+        ("x" * 100, "stop", 100, None),  # at the cap: still accepted
+        ("x" * 101, "stop", 100, "too_long"),
         ("x" * 10_000, "stop", 0, None),  # no bound configured
     ],
 )

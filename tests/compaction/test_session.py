@@ -318,7 +318,7 @@ def test_forced_compaction_bypasses_thresholds_but_needs_something() -> None:
     ]
     pinned, body = split_pinned(conversation)
     policy = SessionCompaction()
-    # Forced never means bigger: a slice no larger than the summary it would become is kept.
+    # Force means force (issue 12.5): even a tiny slice is folded, whatever the saving.
     tiny = [
         conversation[0],
         {"role": "user", "content": "a"},
@@ -327,7 +327,14 @@ def test_forced_compaction_bypasses_thresholds_but_needs_something() -> None:
     tiny_plan = plan_session(
         tiny[:1], [*tiny[1:], conversation[3]], None, policy, 96000, count, count_text, True
     )
-    assert tiny_plan.skip_reason == "saving_below_min" and not tiny_plan.compacts
+    assert tiny_plan.skip_reason is None and tiny_plan.batches == ((0, 2),)
+    # Forced folds everything before the current turn, recent turns included.
+    many = [conversation[0]]
+    for i in range(8):
+        many += [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+    many.append({"role": "user", "content": "now"})
+    all_plan = plan_session(many[:1], many[1:], None, policy, 96000, count, count_text, True)
+    assert all_plan.new_covered == 16
     plan = plan_session(pinned, body, None, policy, 96000, count, count_text)
     assert plan.skip_reason == "below_threshold" and not plan.compacts
     forced = plan_session(pinned, body, None, policy, 96000, count, count_text, force=True)

@@ -6,6 +6,7 @@ import itertools
 import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ import pytest
 from proxy.conversation import check_history
 from proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream, Reply
+from tests.invariant import assert_nothing_lost
 from tests.trajectories import DATA, chained, model_calls, sessions
 
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
@@ -209,27 +211,34 @@ def test_concurrent_requests_one_summarizer_call(
 
 
 def test_edited_history_never_gets_summary_of_messages_it_lacks(
-    small_proxy: Callable[..., str], fake: FakeUpstream
+    small_proxy: Callable[..., str], fake: FakeUpstream, tmp_path: Path
 ) -> None:
     url = small_proxy()
     convo = long_conversation()
     replay(url, convo, "edit-1")
     last_sent = fake.chat_requests()[-1].json["messages"]
     assert is_summary(last_sent[1])
-    # The client edits its first user message and re-sends the whole history.
+    old_summaries = [m["content"] for m in last_sent if is_summary(m)]
+    # The client edits its first user message and re-sends the whole history, with
+    # compaction on (issue 12.8: with it off the session stage never ran).
     edited = [dict(m) for m in convo[: list(model_calls(convo))[-1]]]
     first_user = next(i for i, m in enumerate(edited) if m["role"] == "user")
     edited[first_user]["content"] = "I changed my mind about everything."
     r = httpx.post(
         f"{url}/chat/completions",
         json={"model": "small", "messages": edited},
-        headers={"x-conversation-id": "edit-1", "x-recap-compaction": "off"},
+        headers={"x-conversation-id": "edit-1"},
         timeout=60,
     )
     assert r.status_code == 200
     sent = fake.chat_requests()[-1].json["messages"]
-    assert not any(is_summary(m) for m in sent)
-    assert sent == edited
+    # No summary of the original history stands in for the edited one; a summary, if
+    # any, is one recorded for exactly this history, made from the edited text.
+    assert not any(m.get("content") in old_summaries for m in sent)
+    assert_nothing_lost(tmp_path / "recap.db", "default", "edit-1", edited, sent, r.headers)
+    for m in sent:
+        if is_summary(m):
+            assert "I changed my mind about everything." in m["content"]
 
 
 def test_off_header_and_openai_sdk(small_proxy: Callable[..., str], fake: FakeUpstream) -> None:

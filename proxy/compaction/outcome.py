@@ -1,0 +1,164 @@
+"""What a compaction layer did on one request, as a typed value (issue 12.6).
+
+Each layer that runs appends one `CompactionOutcome` to the Exchange: it compacted
+(made a new summary, trimmed, dropped), applied a stored summary (no model call, but
+the view is shorter: that is a layer too), skipped (with the reason), or failed (with
+the failure). Everything that reports compaction reads these values: the response
+headers (`x-recap-compaction`, `x-recap-summary-version`, `x-recap-compaction-skipped`),
+the request's log line (`log_fields`, which keeps the line's historical field names),
+metrics, the archived request event and the manual compaction route.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from proxy.pipeline import Exchange
+
+Layer = Literal["session", "loop", "trim", "fit_to_window"]
+Action = Literal["compacted", "applied", "skipped", "failed"]
+
+# Skip reasons in words, for users (x-recap-compaction-skipped, the manual route).
+SKIP_WORDS = {
+    "disabled": "this layer is switched off for the tenant",
+    "below_threshold": "the conversation is below the compaction thresholds",
+    "nothing_to_compact": "there is nothing before the current turn that is not already summarised",
+    "too_few_messages": "too few messages before the current turn to be worth a summary",
+    "anti_loop": "too little new history since the last summary",
+    "saving_below_min": "a summary would save less than min_saving_tokens",
+    "circuit_open": "summaries kept failing in this conversation; retrying after the cool-down",
+    "archive_failed": "the originals could not be archived, so nothing may replace them",
+    "too_short": "the conversation has fewer than two messages after its instructions",
+    "no_turn": "there is no user turn to compact before",
+}
+
+
+def in_words(reason: str | None) -> str:
+    return SKIP_WORDS.get(reason or "", reason or "unknown reason")
+
+
+@dataclass(frozen=True)
+class CompactionOutcome:
+    layer: Layer
+    action: Action
+    trigger: str | None = None
+    skip_reason: str | None = None
+    failure: str | None = None
+    # The session summary version now applied (session layer).
+    version: int | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    duration_ms: int | None = None
+    # Messages (session, fit), rounds (loop) or results (trim) this outcome folded.
+    count: int | None = None
+    # How many the applied summary covers: messages (session) or rounds (loop).
+    covers: int | None = None
+    summarizer_tokens_in: int = 0
+    summarizer_tokens_out: int = 0
+    restored_references: int = 0
+    calls: int = 0  # summarizer calls (session batches)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def changed_view(self) -> bool:
+        return self.action in ("compacted", "applied")
+
+    def as_log(self) -> dict[str, Any]:
+        """This outcome for the JSON log line's `compactions` list (absent fields left out)."""
+        out: dict[str, Any] = {"layer": self.layer, "action": self.action}
+        for name in (
+            "trigger",
+            "skip_reason",
+            "failure",
+            "version",
+            "tokens_before",
+            "tokens_after",
+            "duration_ms",
+            "count",
+            "covers",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out | self.extra
+
+
+def layers(outcomes: Iterable[CompactionOutcome]) -> list[str]:
+    """The layers that changed the outgoing view, in order, once each."""
+    out: list[str] = []
+    for o in outcomes:
+        if o.changed_view and o.layer not in out:
+            out.append(o.layer)
+    return out
+
+
+def log_started(logger: logging.Logger, ex: Exchange, layer: Layer, trigger: str | None) -> None:
+    """One line when a summarizer call starts: a long compaction is visible while it runs."""
+    logger.info(
+        "compaction started",
+        extra={
+            "fields": {
+                "msg": "compaction started",
+                "request_id": ex.request_id,
+                "tenant": ex.tenant.name,
+                "conversation": ex.conversation.key,
+                "layer": layer,
+                "trigger": trigger,
+            }
+        },
+    )
+
+
+def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:
+    """The request log line's compaction fields, by their historical names."""
+    out: dict[str, Any] = {}
+    if outcomes:
+        out["compactions"] = [o.as_log() for o in outcomes]
+    tokens_in = sum(o.summarizer_tokens_in for o in outcomes)
+    tokens_out = sum(o.summarizer_tokens_out for o in outcomes)
+    restored = sum(o.restored_references for o in outcomes)
+    for o in outcomes:
+        if o.layer == "session":
+            if o.action in ("compacted", "failed"):
+                out.update(
+                    session_trigger=o.trigger,
+                    session_batches=o.calls,
+                    compacted_messages=o.count or 0,
+                    compaction_ms=o.duration_ms,
+                )
+                if o.failure:
+                    out["session_failure"] = o.failure
+            if o.action == "skipped":
+                out["session_skip"] = o.skip_reason
+            if o.version is not None:
+                out.update(summary_version=o.version, summary_covers=o.covers)
+            if o.extra.get("reused"):
+                out["session_reused"] = True
+        elif o.layer == "loop":
+            if o.action in ("compacted", "failed"):
+                out.update(loop_trigger=o.trigger, loop_compaction_ms=o.duration_ms)
+                if o.action == "compacted":
+                    out["loop_rounds_compacted"] = o.count
+            if o.failure:
+                out["loop_failure"] = o.failure
+            if o.action == "skipped":
+                out["loop_skip"] = o.skip_reason
+            if o.covers:
+                out["loop_rounds_summarised"] = o.covers
+            if "tool_rounds" in o.extra:
+                out["tool_rounds"] = o.extra["tool_rounds"]
+        elif o.layer == "trim" and o.action == "compacted":
+            out.update(trimmed_results=o.count, trimmed_chars_saved=o.extra.get("saved_chars"))
+            if o.extra.get("shortened"):
+                out["shortened_messages"] = o.extra["shortened"]
+        elif o.layer == "fit_to_window" and o.action == "compacted":
+            out.update(dropped_messages=o.count, dropped_reason=o.extra.get("reason"))
+    if tokens_in or tokens_out:
+        out.update(summarizer_tokens_in=tokens_in, summarizer_tokens_out=tokens_out)
+    if restored:
+        out["restored_references"] = restored
+    return out
