@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from proxy.app import create_app
 from proxy.config import Config, parse_config
 from proxy.identity import conversation_ref
-from tests.conftest import REPO
 from tests.fakes import FakeUpstream, Reply, extractive_summary
 from tests.invariant import assert_nothing_lost
 from tests.servers import serve
@@ -95,7 +94,6 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
         config = parse_config(
             {
                 "store": f"sqlite:///{tmp / 'recap.db'}",
-                "scenes_dir": str(REPO / "scenes"),
                 "models": {"small": {"context_window": WINDOW}},
                 "tenants": {
                     "default": {"upstream": {"base_url": f"{up}/v1"}, "compaction": COMPACTION}
