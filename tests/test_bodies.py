@@ -55,8 +55,15 @@ def encode(data: bytes, coding: str) -> bytes:
 
 
 @pytest.fixture
-def trimming(proxy_factory: Callable[..., str]) -> str:
-    return proxy_factory(default_context_window=4000)
+def trimming(proxy_factory: Callable[..., str], upstream_url: str) -> str:
+    # The loop layer off: its token trigger (half of this small window) would fold the
+    # rounds before trimming could, and this file tests bodies, not which layer runs.
+    tenant = {
+        "api_keys": [],
+        "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
+        "compaction": {"loop": {"enabled": False}},
+    }
+    return proxy_factory(default_context_window=4000, tenants={"default": tenant})
 
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate", "br"])
