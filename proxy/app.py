@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -75,7 +76,9 @@ def build_stages(state: AppState) -> list[Stage]:
     return [
         MeasureOffLoop(),
         ArchiveOriginals(state.archiver, state.fingerprints),
-        SessionStage(state.store, summarizer, scenes, state.counter, config.tenants),
+        SessionStage(
+            state.store, summarizer, scenes, state.counter, config.tenants, clock=state.clock
+        ),
         LoopStage(state.store, summarizer, scenes),
         TrimStage(state.store),
         FitToWindow(state.store),
@@ -83,7 +86,9 @@ def build_stages(state: AppState) -> list[Stage]:
     ]
 
 
-def create_app(config: Config) -> Starlette:
+def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> Starlette:
+    """The app for `config`; `clock` (monotonic seconds) times the circuit breakers'
+    cool-downs, so a test can advance a fake one instead of sleeping."""
     from proxy.chat import ChatCompletions
     from proxy.logs import AccessLog
     from proxy.operator import operator_routes
@@ -114,6 +119,7 @@ def create_app(config: Config) -> Starlette:
             archiver=Archiver(store),
             fingerprints=FingerprintCache(),
             pipeline=Pipeline([]),
+            clock=clock,
         )
         state.pipeline = Pipeline(build_stages(state))
         retention: asyncio.Task[None] | None = None

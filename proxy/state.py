@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proxy.archive import Archiver
@@ -25,3 +27,5 @@ class AppState:
     pipeline: Pipeline
     # Recap's estimate against the upstream's count, per tenant and model (from usage).
     calibration: Calibration = field(default_factory=Calibration)
+    # Monotonic seconds for the request path's cool-downs (circuit breakers); tests fake it.
+    clock: Callable[[], float] = time.monotonic

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from proxy.app import create_app
 from proxy.conversation import check_history
 from proxy.tokens import TokenCounter
 from tests.conftest import LogCapture
@@ -24,12 +25,16 @@ from tests.faults import (
     WINDOW,
     Answer,
     SummarizerFake,
+    compacting_config,
     history,
     post,
     summaries_in,
     wait_until,
 )
-from tests.servers import free_port
+from tests.servers import free_port, serve
+
+# Long on purpose: only the fake clock ends it, never the wall clock.
+COOLDOWN_S = 3600.0
 
 # Each case: what the summarizer does, and the reason the proxy must log for it.
 FAILURES: dict[str, tuple[Answer, str]] = {
@@ -143,47 +148,68 @@ def test_failed_summary_over_the_window_is_still_fitted(
     assert counter.count_messages(forwarded, MODEL) <= WINDOW
 
 
+class FakeClock:
+    """Monotonic seconds that move only when the test says so (the breaker's cool-down)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_circuit_breaker_stops_calls_during_the_cooldown(
-    upstream: tuple[SummarizerFake, str], start: Callable[..., str], logs: LogCapture
+    upstream: tuple[SummarizerFake, str], tmp_path: Path, logs: LogCapture
 ) -> None:
     fake, url = upstream
     fake.answer = lambda body: Answer(status=500)
-    proxy = start(url, session={"failure_threshold": 2, "cooldown_s": 1.5})
+    clock = FakeClock()
+    config = compacting_config(
+        url, tmp_path, session={"failure_threshold": 2, "cooldown_s": COOLDOWN_S}
+    )
     messages = history()
+    with serve(create_app(config, clock=clock)) as root:
+        proxy = root + "/v1"
 
-    def turn(key: str = "breaker") -> httpx.Response:
-        r = post(proxy, messages, key)
-        assert r.status_code == 200
-        return r
+        def turn(key: str = "breaker") -> httpx.Response:
+            r = post(proxy, messages, key)
+            assert r.status_code == 200
+            return r
 
-    turn()
-    turn()
-    assert fake.count() == 2  # threshold reached: the breaker opens
-    opened = time.monotonic()
-    for _ in range(5):
+        turn()
+        turn()
+        assert fake.count() == 2  # threshold reached: the breaker opens
+        for _ in range(5):
+            r = turn()
+            assert r.headers["x-recap-compaction"] == "none"
+        # The clock stood still: the cool-down is running, whatever the wall clock did.
+        assert fake.count() == 2, "no summarizer call while the breaker is open"
+        assert logs.access(7)[-1]["session_skip"] == "circuit_open"
+        # Still open up to the last moment of the cool-down.
+        clock.advance(COOLDOWN_S - 0.01)
+        turn()
+        assert fake.count() == 2
+        # Other conversations are not punished for this one.
+        turn("other")
+        assert fake.count() == 3
+
+        # After the cool-down one attempt goes through (half-open); it fails and re-opens.
+        clock.advance(0.02)
+        turn()
+        assert fake.count() == 4
+        turn()
+        assert fake.count() == 4
+        # The summarizer recovers; after the next cool-down the conversation compacts again.
+        fake.answer = lambda body: Answer(content=SUMMARY)
+        clock.advance(COOLDOWN_S)
         r = turn()
-        assert r.headers["x-recap-compaction"] == "none"
-    assert time.monotonic() - opened < 1.5, "the cool-down must still be running"
-    assert fake.count() == 2, "no summarizer call while the breaker is open"
-    assert logs.access(7)[-1]["session_skip"] == "circuit_open"
-    # Other conversations are not punished for this one.
-    turn("other")
-    assert fake.count() == 3
-
-    # After the cool-down one attempt goes through (half-open); it fails and re-opens.
-    time.sleep(1.6)
-    turn()
-    assert fake.count() == 4
-    turn()
-    assert fake.count() == 4
-    # The summarizer recovers; after the next cool-down the conversation compacts again.
-    fake.answer = lambda body: Answer(content=SUMMARY)
-    time.sleep(1.6)
-    r = turn()
-    assert fake.count() == 5
-    assert r.headers["x-recap-compaction"] == "session"
-    turn()
-    assert fake.count() == 5  # the stored summary is reused
+        assert fake.count() == 5
+        assert r.headers["x-recap-compaction"] == "session"
+        turn()
+        assert fake.count() == 5  # the stored summary is reused
 
 
 def test_summarizer_concurrency_is_bounded_per_tenant(
@@ -218,7 +244,6 @@ def test_summarizer_concurrency_is_bounded_per_tenant(
         for n in range(6)
         for name in ("a", "b")
     ]
-    begun = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
@@ -228,5 +253,6 @@ def test_summarizer_concurrency_is_bounded_per_tenant(
     # Measured at the upstream: never more than 2 per tenant, and both tenants at once.
     assert fake.max_in_flight == {"Bearer sk-a": 2, "Bearer sk-b": 2}
     assert fake.max_total == 4
-    # 6 calls of 0.3 s, 2 at a time: at least 3 rounds.
-    assert time.monotonic() - begun >= 0.85
+    # Each call was answered after its full delay, none cut short: with at most 2 in flight
+    # per tenant, the 6 calls of a tenant queued for their slots (3 rounds at least).
+    assert fake.abandoned == 0

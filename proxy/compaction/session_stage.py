@@ -20,7 +20,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.compaction.audit import audit
@@ -56,13 +56,19 @@ class SessionStage:
         scenes: Mapping[str, SceneSet],
         counter: TokenCounter,
         tenants: Mapping[str, Tenant],
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.summarizer = summarizer
         self.scenes = scenes
         self.counter = counter
+        # The circuit breakers' cool-downs are measured on `clock` (a fake one in tests).
+        self.clock = clock
         self.breakers = {
-            name: Breaker(t.compaction.session.failure_threshold, t.compaction.session.cooldown_s)
+            name: Breaker(
+                t.compaction.session.failure_threshold, t.compaction.session.cooldown_s, clock=clock
+            )
             for name, t in tenants.items()
         }
 
@@ -79,7 +85,7 @@ class SessionStage:
         applied = as_applied(await self.store.matching_summary(ex.conversation, chain), len(body))
         outcome: CompactionOutcome | None = None
         breaker = self.breakers.setdefault(
-            ex.tenant.name, Breaker(policy.failure_threshold, policy.cooldown_s)
+            ex.tenant.name, Breaker(policy.failure_threshold, policy.cooldown_s, clock=self.clock)
         )
         if ex.classification == Classification.TURN_START or forced:
             if breaker.open(ex.conversation):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,27 +140,38 @@ class Summarizer:
 
 
 class Breaker:
-    """After `threshold` consecutive failures in a conversation, skip it for `cooldown_s`."""
+    """After `threshold` consecutive failures in a conversation, skip it for `cooldown_s`.
 
-    def __init__(self, threshold: int, cooldown_s: float, max_entries: int = 10_000) -> None:
+    `clock` reads the time the cool-down is measured on (monotonic seconds; tests pass
+    a fake one they advance)."""
+
+    def __init__(
+        self,
+        threshold: int,
+        cooldown_s: float,
+        max_entries: int = 10_000,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.threshold = threshold
         self.cooldown_s = cooldown_s
         self.max_entries = max_entries
+        self._clock = clock
         self._failures: dict[ConversationRef, tuple[int, float]] = {}
 
-    def open(self, conv: ConversationRef, now: float | None = None) -> bool:
+    def open(self, conv: ConversationRef) -> bool:
         failures, until = self._failures.get(conv, (0, 0.0))
         if failures < self.threshold:
             return False
-        if (now if now is not None else time.monotonic()) < until:
+        if self._clock() < until:
             return True
         # Cool-down over: let one attempt through (half-open); one more failure re-opens.
         self._failures[conv] = (self.threshold - 1, 0.0)
         return False
 
-    def failed(self, conv: ConversationRef, now: float | None = None) -> None:
+    def failed(self, conv: ConversationRef) -> None:
         failures = self._failures.get(conv, (0, 0.0))[0] + 1
-        until = (now if now is not None else time.monotonic()) + self.cooldown_s
+        until = self._clock() + self.cooldown_s
         if len(self._failures) >= self.max_entries and conv not in self._failures:
             self._failures.pop(next(iter(self._failures)))
         self._failures[conv] = (failures, until if failures >= self.threshold else 0.0)

@@ -13,11 +13,12 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
-from proxy.store import ConversationRef, NewSummary, StoreError, open_store
+from proxy.store import ConversationRef, NewSummary, Store, StoreError, open_store
 from proxy.store.base import ExchangeRecord
 from proxy.store.pg_boundary import clean_text, redact
 from proxy.store.pg_migrations import LATEST
@@ -229,17 +230,93 @@ async def test_errors_name_no_password_and_no_content(pg_url: str) -> None:
     assert redact("postgresql://h/d") == "postgresql://h/d"
 
 
+class Relay:
+    """A TCP relay in front of PostgreSQL that counts the connections the store makes and
+    can hold new ones (accepted, not forwarded): a connection attempt a test can watch."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.accepted = 0
+        self.through = asyncio.Event()  # set: new connections are forwarded
+        self.through.set()
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Relay:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        try:
+            await self.through.wait()
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            writer.close()
+
+    def url(self, url: str) -> str:
+        """`url`, pointed at the relay."""
+        parts = urlsplit(url)
+        user = parts.netloc.rpartition("@")[0]
+        where = f"127.0.0.1:{self.port}"
+        return urlunsplit(parts._replace(netloc=f"{user}@{where}" if user else where))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()
+
+
 async def test_a_store_that_could_not_open_recovers_by_itself() -> None:
     base = postgres_url()
     schema = f"recap_late_{uuid.uuid4().hex[:12]}"
-    store = open_store(with_search_path(base, schema), ".")
-    # As when the server is not up yet: the proxy starts anyway, and calls fail at once.
-    with pytest.raises(StoreError, match="no existing schema"):
-        await store.open()
-    started = time.monotonic()
-    with pytest.raises(StoreError, match="no existing schema"):
-        await store.check_writable()
-    assert time.monotonic() - started < 0.5
+    parts = urlsplit(base)
+    async with Relay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
+        store = open_store(with_search_path(relay.url(base), schema), ".")
+        # As when the server is not up yet: the proxy starts anyway, and calls fail at once.
+        with pytest.raises(StoreError, match="no existing schema"):
+            await store.open()
+        tried = relay.accepted
+        assert tried >= 1
+        with pytest.raises(StoreError, match="no existing schema"):
+            await store.check_writable()
+        assert relay.accepted == tried, "a call must fail at once, not connect itself"
+        # A retry in the background, held mid-connect: calls still answer (fail) meanwhile.
+        relay.through.clear()
+        deadline = time.monotonic() + 10
+        while relay.accepted == tried:
+            assert time.monotonic() < deadline, "no connection attempt in the background"
+            with pytest.raises(StoreError, match="no existing schema"):
+                # A hang guard: a call that waited on the held attempt would never return.
+                await asyncio.wait_for(store.check_writable(), 10)
+            await asyncio.sleep(0.1)
+        with pytest.raises(StoreError, match="no existing schema"):
+            await asyncio.wait_for(store.check_writable(), 10)
+        relay.through.set()
+        await _recovers(store, base, schema)
+
+
+async def _recovers(store: Store, base: str, schema: str) -> None:
     run_sql(base, f'CREATE SCHEMA "{schema}"')
     try:
         deadline = time.monotonic() + 10
