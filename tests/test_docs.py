@@ -58,7 +58,7 @@ def test_the_key_check_notices_a_missing_key() -> None:
 def test_every_stage_is_in_the_readme() -> None:
     class State:  # what build_stages reads
         config = Config()
-        store = archiver = fingerprints = upstreams = counter = None
+        store = archiver = fingerprints = upstreams = counter = clock = None
 
     names = [s.name for s in build_stages(State())]  # type: ignore[arg-type]
     assert names[:2] == ["measure_off_loop", "archive"] and names[-1] == "estimate_tokens"

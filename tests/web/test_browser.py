@@ -31,8 +31,9 @@ try:
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.remote.webdriver import WebDriver
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.remote.webdriver import WebDriver, WebElement
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 except ImportError:  # pragma: no cover - the test extra installs it
     webdriver = None  # type: ignore[assignment]
 
@@ -76,7 +77,14 @@ def log_in(driver: WebDriver, key: str) -> None:
     field = driver.find_element(By.NAME, "key")
     field.clear()
     field.send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "form.login button").click()
+    follow(driver, driver.find_element(By.CSS_SELECTOR, "form.login button"))
+
+
+def follow(driver: WebDriver, element: WebElement) -> None:
+    """Click what leads to a new page and wait until the old one is gone (no race with
+    the navigation: reading the page right after a click may still see the old one)."""
+    element.click()
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(element))
 
 
 def no_alert(driver: WebDriver) -> bool:
@@ -106,7 +114,7 @@ def test_login_list_conversation_compact_rollback(
     assert listed == [CONV_A]  # tenant a's key: not tenant b's conversation
     assert CONV_B not in browser.page_source
 
-    browser.find_element(By.LINK_TEXT, CONV_A).click()
+    follow(browser, browser.find_element(By.LINK_TEXT, CONV_A))
     assert browser.find_element(By.TAG_NAME, "h1").text == CONV_A
     assert browser.find_elements(By.CSS_SELECTOR, "svg.chart polyline")
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart a")) == 6  # six requests
@@ -118,7 +126,7 @@ def test_login_list_conversation_compact_rollback(
     saw = browser.find_element(By.ID, "model-saw")
     assert saw.find_elements(By.CSS_SELECTOR, ".msg.synthetic")  # the summary stands in
 
-    browser.find_element(By.ID, "compact").click()
+    follow(browser, browser.find_element(By.ID, "compact"))
     assert "Compacted now" in browser.find_element(By.ID, "notice").text
     rows = browser.find_elements(By.CSS_SELECTOR, "#versions tr")
     assert [r.text.split()[0] for r in rows[1:]] == ["v1", "v2"]
@@ -126,14 +134,14 @@ def test_login_list_conversation_compact_rollback(
     assert site.detail("a", CONV_A)["current_version"] == 2
 
     Select(browser.find_element(By.ID, "version")).select_by_value("1")
-    browser.find_element(By.ID, "rollback").click()
+    follow(browser, browser.find_element(By.ID, "rollback"))
     assert "Rolled back" in browser.find_element(By.ID, "notice").text
     assert "v1 (current)" in browser.find_element(By.ID, "versions").text
     assert "rollback" in browser.find_element(By.ID, "timeline").text
     assert site.detail("a", CONV_A)["current_version"] == 1
 
     # The first request, chosen from the chart: it went upstream compacted too.
-    browser.find_elements(By.CSS_SELECTOR, "svg.chart a")[0].click()
+    follow(browser, browser.find_elements(By.CSS_SELECTOR, "svg.chart a")[0])
     assert "What the model saw" in browser.find_element(By.ID, "model-saw").text
     assert no_alert(browser)
 
