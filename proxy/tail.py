@@ -221,22 +221,28 @@ def layers(f: Mapping[str, Any]) -> list[str]:
 
 
 def _shaped_by(f: Mapping[str, Any], ran: list[str]) -> str:
-    """What shaped the history sent: new work and what was reused, shortly."""
+    """What shaped the history sent: new work ("session v2", "loop") and what was reused
+    ("summary v1", "loop memory"), shortly."""
     parts: list[str] = []
     version = f.get(F.summary_version)
     failed = bool(f.get(F.session_failure) or f.get(F.loop_failure))
+    memory = bool(f.get(F.loop_rounds_in_memory))
     found = outcomes(f)
     if found is not None:
         session = [c.get(F.c_version) for c in found if c.get(F.c_layer) == "session"]
         version = next((v for v in session if v is not None), version)
         failed = any(c.get(F.c_action) == "failed" for c in found)
+        # A stored summary applied, none made: shown as reused, not as new work.
+        made = {str(c.get(F.c_layer)) for c in found if c.get(F.c_action) == "compacted"}
+        memory = "loop" in ran and "loop" not in made
+        ran = [x for x in ran if x in made or x not in ("session", "loop")]
     if "session" in ran:
         parts.append(f"session v{version}" if version is not None else "session")
     elif version is not None:
         parts.append(f"summary v{version}")
     if "loop" in ran:
         parts.append("loop")
-    elif f.get(F.loop_rounds_in_memory):
+    elif memory:
         parts.append("loop memory")
     parts += [{"fit_to_window": "fit"}.get(x, x) for x in ran if x not in ("session", "loop")]
     if failed:

@@ -239,7 +239,7 @@ def test_tail_reads_each_layer_from_the_compactions_list() -> None:
         ],
     }
     request, *notes = tail_render(record).splitlines()
-    assert "session v3+trim+fit+FAILED" in request
+    assert "summary v3+trim+fit+FAILED" in request  # applied (reused), not made now
     assert [n.strip().removeprefix("\u21b3 ") for n in notes] == [
         "loop     FAILED (tool loop too large), timeout, sent as it came",
         "trim     2 tool results trimmed, 12,000 chars saved",
