@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -45,7 +46,7 @@ class Site:
 
     def detail(self, tenant: str, conv: str) -> dict[str, Any]:
         r = httpx.get(
-            f"{self.url}/v1/recap/conversations/{conv}",
+            f"{self.url}/v1/recap/conversations/{quote(conv, safe='')}",
             params={"tenant": tenant},
             headers=bearer(ADMIN),
         )
@@ -58,7 +59,7 @@ class Site:
         deadline = time.monotonic() + 10
         while True:
             r = httpx.get(
-                f"{self.url}/v1/recap/conversations/{conv}/archive",
+                f"{self.url}/v1/recap/conversations/{quote(conv, safe='')}/archive",
                 params={"tenant": tenant},
                 headers=bearer(ADMIN),
             )
