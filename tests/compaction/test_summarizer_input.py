@@ -19,7 +19,6 @@ import yaml
 from proxy.app import create_app
 from proxy.config import parse_config
 from tests.faults import (
-    SCENES,
     Answer,
     SummarizerFake,
     compacting_data,
@@ -28,6 +27,9 @@ from tests.faults import (
     summaries_in,
 )
 from tests.servers import serve
+
+# The packaged default scenes (a tenant's scenes_dir replaces them).
+SCENES = Path(__file__).resolve().parents[2] / "proxy" / "scenes_default"
 
 
 def audit_rows(tmp_path: Path, key: str) -> list[dict[str, Any]]:
