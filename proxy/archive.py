@@ -120,6 +120,7 @@ class Archiver:
         """
         count_for_log(ex)  # tokens_after; mostly seeded counts, so cheap
         conv = ex.conversation
+        session, trim = ex.outcome("session"), ex.outcome("trim")
         rows = list(ex.unarchived)
         sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
         if ex.changed:
@@ -140,8 +141,13 @@ class Archiver:
                     # null: sent exactly as the client sent it (no second copy of the list)
                     "sent": sent if ex.changed else None,
                     "layers": ex.layers,
-                    "tokens_before": ex.log_fields.get("tokens_before"),
-                    "tokens_after": ex.log_fields.get("input_tokens"),
+                    # What each layer did (the log line's `compactions`), from the
+                    # typed outcomes; the session summary now applied, if any.
+                    "compactions": [o.as_log() for o in ex.outcomes],
+                    "summary_version": session.version if session else None,
+                    # Counts are memoised per message: the estimate stage made them.
+                    "tokens_before": ex.measure.total(ex.original) if ex.changed else None,
+                    "tokens_after": ex.measure.total(ex.messages),
                 },
             )
         ]
@@ -152,7 +158,7 @@ class Archiver:
                     {
                         "request_id": ex.request_id,
                         "trimmed": len(ex.trimmed),
-                        "saved_chars": ex.log_fields.get("trimmed_chars_saved"),
+                        "saved_chars": trim.saved_chars if trim else None,
                         "originals": ex.trimmed,
                     },
                 )

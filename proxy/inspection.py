@@ -157,6 +157,9 @@ _VIEW_FIELDS = (
     "model",
     "classification",
     "layers",
+    # One entry per layer that ran: applying a stored summary is "applied", with its version.
+    "compactions",
+    "summary_version",
     "tokens_before",
     "tokens_after",
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -40,6 +40,10 @@ class F:
     tokens_after = "input_tokens"  # what was sent upstream
     tokens_before = "tokens_before"  # what the client sent (only when Recap changed it)
     layers = "layers"  # the layers that ran, when the log names them (else inferred)
+    # One object per layer that ran (the typed outcomes): layer, action (compacted, applied,
+    # skipped, failed), trigger, skip_reason, failure, version, tokens_before, tokens_after,
+    # duration_ms, count, covers, saved_chars, ... Older logs lack it: the flat fields below.
+    compactions = "compactions"
     overhead_ms = "overhead_ms"
     total_ms = "total_ms"
     upstream_status = "upstream_status"
@@ -71,6 +75,22 @@ class F:
     manual = "manual_compaction"
     manual_ms = "manual_compaction_ms"
     manual_reason = "manual_compaction_reason"
+    # Keys inside one `compactions` object.
+    c_layer = "layer"
+    c_action = "action"
+    c_trigger = "trigger"
+    c_skip = "skip_reason"
+    c_failure = "failure"
+    c_version = "version"
+    c_before = "tokens_before"
+    c_after = "tokens_after"
+    c_ms = "duration_ms"
+    c_count = "count"
+    c_covers = "covers"
+    c_saved = "saved_chars"
+    c_shortened = "shortened"
+    c_reason = "reason"
+    c_reused = "reused"
 
 
 # Codes in the log, in words.
@@ -164,9 +184,26 @@ def _change(before: Any, after: Any) -> str:
     return f"{_tokens(b)} \u2192 {_tokens(a)} tok{share}"
 
 
+def outcomes(f: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    """The line's `compactions` list (one object per layer), or None in older logs."""
+    found = f.get(F.compactions)
+    if not isinstance(found, list):
+        return None
+    return [c for c in found if isinstance(c, Mapping)]
+
+
 def layers(f: Mapping[str, Any]) -> list[str]:
-    """The layers that ran on this request: the log's list, or read from the fields."""
+    """The layers that changed the history sent on this request: the log's list, the
+    `compactions` that compacted or applied a stored summary, or read from older fields."""
     named = f.get(F.layers)
+    found = outcomes(f)
+    if not isinstance(named, (list, str)) and found is not None:
+        out: list[str] = []
+        for c in found:
+            layer = str(c.get(F.c_layer))
+            if c.get(F.c_action) in ("compacted", "applied") and layer not in out:
+                out.append(layer)
+        return out
     if isinstance(named, list):
         return [str(x) for x in named]
     if isinstance(named, str):
@@ -184,19 +221,31 @@ def layers(f: Mapping[str, Any]) -> list[str]:
 
 
 def _shaped_by(f: Mapping[str, Any], ran: list[str]) -> str:
-    """What shaped the history sent: new work and what was reused, shortly."""
+    """What shaped the history sent: new work ("session v2", "loop") and what was reused
+    ("summary v1", "loop memory"), shortly."""
     parts: list[str] = []
     version = f.get(F.summary_version)
+    failed = bool(f.get(F.session_failure) or f.get(F.loop_failure))
+    memory = bool(f.get(F.loop_rounds_in_memory))
+    found = outcomes(f)
+    if found is not None:
+        session = [c.get(F.c_version) for c in found if c.get(F.c_layer) == "session"]
+        version = next((v for v in session if v is not None), version)
+        failed = any(c.get(F.c_action) == "failed" for c in found)
+        # A stored summary applied, none made: shown as reused, not as new work.
+        made = {str(c.get(F.c_layer)) for c in found if c.get(F.c_action) == "compacted"}
+        memory = "loop" in ran and "loop" not in made
+        ran = [x for x in ran if x in made or x not in ("session", "loop")]
     if "session" in ran:
         parts.append(f"session v{version}" if version is not None else "session")
     elif version is not None:
         parts.append(f"summary v{version}")
     if "loop" in ran:
         parts.append("loop")
-    elif f.get(F.loop_rounds_in_memory):
+    elif memory:
         parts.append("loop memory")
     parts += [{"fit_to_window": "fit"}.get(x, x) for x in ran if x not in ("session", "loop")]
-    if f.get(F.session_failure) or f.get(F.loop_failure):
+    if failed:
         parts.append("FAILED")
     return "+".join(parts)
 
@@ -273,6 +322,15 @@ def compaction_lines(f: Mapping[str, Any], style: Style = PLAIN) -> list[str]:
         text = f"{layer:<8} " + ", ".join(p for p in parts if p)
         out.append(style.dim(INDENT) + (style.bad(text) if bad else text))
 
+    found = outcomes(f)
+    if found is not None:
+        for c in found:
+            line = outcome_line(c, f)
+            if line is not None:
+                add(line[0], *line[1], bad=line[2])
+        _manual_line(f, add)
+        return out
+
     trigger = f.get(F.session_trigger)
     if f.get(F.session_failure):
         add(
@@ -336,6 +394,68 @@ def compaction_lines(f: Mapping[str, Any], style: Style = PLAIN) -> list[str]:
     if dropped:
         add("fit", f"dropped the {int(dropped)} oldest messages to fit the window")
 
+    _manual_line(f, add)
+    return out
+
+
+def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[str], bool] | None:
+    """(layer, parts, bad) for one `compactions` object, or None when it is not worth a
+    line: a stored summary applied shows on the request line, an ordinary skip is the
+    normal state between compactions (a forced one that skipped says why)."""
+    layer, action = str(c.get(F.c_layer)), c.get(F.c_action)
+    code = c.get(F.c_trigger)
+    trigger = WORDS.get(str(code), words(code)) if code else None  # single-word codes too
+    tokens = _change(c.get(F.c_before), c.get(F.c_after)) if c.get(F.c_before) is not None else ""
+    ms = _ms(c.get(F.c_ms))
+    name = {"fit_to_window": "fit"}.get(layer, layer)
+    if action == "failed":
+        head = f"FAILED ({trigger})" if trigger else "FAILED"
+        return name, [head, words(c.get(F.c_failure) or ""), ms, "sent as it came"], True
+    if action == "skipped":
+        if c.get(F.c_reused):
+            return name, ["reused the summary another request had just written"], False
+        skip = c.get(F.c_skip)
+        if skip in NOTABLE_SKIPS or (code == "forced" and skip):
+            return name, [f"skipped: {words(skip)}"], skip in NOTABLE_SKIPS
+        return None
+    if action != "compacted":
+        return None
+    count, covers = _num(c.get(F.c_count)), _num(c.get(F.c_covers))
+    if layer == "session":
+        batches = _num(f.get(F.session_batches))
+        version = c.get(F.c_version)
+        what = (
+            f"{trigger}: {_tokens(count)} messages"
+            + (f" in {int(batches)} batches" if batches and batches > 1 else "")
+            + (f" \u2192 summary v{version}" if version is not None else "")
+        )
+        return name, [what, tokens, ms], False
+    if layer == "loop":
+        what = (
+            f"{trigger}: "
+            + (f"{int(count)} tool rounds folded" if count is not None else "")
+            + (f" ({int(covers)} in working memory)" if covers is not None else "")
+        )
+        return name, [what, tokens, ms], False
+    if layer == "trim":
+        shortened, saved = _num(c.get(F.c_shortened)), _num(c.get(F.c_saved))
+        return (
+            name,
+            [
+                f"{int(count)} tool results trimmed" if count else "",
+                f"{int(shortened)} old messages shortened" if shortened else "",
+                f"{int(saved):,} chars saved" if saved else "",
+            ],
+            False,
+        )
+    if layer == "fit_to_window":
+        reason = c.get(F.c_reason)
+        what = f"dropped the {_tokens(count)} oldest messages to fit the window"
+        return name, [what + (f" ({words(reason)})" if reason else "")], False
+    return name, [words(action), tokens, ms], False
+
+
+def _manual_line(f: Mapping[str, Any], add: Callable[..., None]) -> None:
     manual = f.get(F.manual)
     if manual:
         outcome = {"ok": "compacted", "skipped": "skipped", "failed": "FAILED"}.get(
@@ -347,7 +467,6 @@ def compaction_lines(f: Mapping[str, Any], style: Style = PLAIN) -> list[str]:
             text = re.sub(r"^(Nothing was compacted|Compaction failed):\s*", "", str(reason))
             outcome += f": {words(text).rstrip('.')}"
         add("manual", outcome, _ms(f.get(F.manual_ms)), bad=manual == "failed")
-    return out
 
 
 def render(record: Mapping[str, Any], style: Style = PLAIN) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from proxy.app import create_app
 from proxy.config import Config, parse_config
 from proxy.identity import conversation_ref
 from tests.fakes import FakeUpstream, Reply, extractive_summary
-from tests.invariant import assert_nothing_lost
+from tests.invariant import BEHAVIOURS, assert_nothing_lost, client_requests, sliding
 from tests.servers import serve
 from tests.trajectories import DATA, model_calls, sessions
 
@@ -106,77 +105,6 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
             yield Proxy(url, config, tmp / "recap.db", fake, client)
 
 
-# -- generated conversations ----------------------------------------------------------------
-
-WORDS = [
-    "flight",
-    "seat",
-    "refund",
-    "change",
-    "cabin",
-    "baggage",
-    "gate",
-    "delay",
-    "policy",
-    "card",
-    "order",
-    "file",
-    "path",
-]
-
-
-def text(rng: random.Random, words: int, tag: str) -> str:
-    return f"{tag} " + " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def tool_round(rng: random.Random, tag: str, n: int, size: int) -> list[dict[str, Any]]:
-    ids = [f"call_{rng.randrange(3)}_{k}" for k in range(rng.choice((1, 1, 2)))]  # reused ids
-    calls = [
-        {"id": i, "type": "function", "function": {"name": "lookup", "arguments": f'{{"n": {n}}}'}}
-        for i in ids
-    ]
-    out: list[dict[str, Any]] = [{"role": "assistant", "content": None, "tool_calls": calls}]
-    for i in ids:
-        out.append({"role": "tool", "tool_call_id": i, "content": text(rng, size, f"{tag}-r{n}")})
-    return out
-
-
-def conversation(seed: int, turns: int, tag: str) -> list[list[dict[str, Any]]]:
-    """A conversation as the requests its client makes, each the whole history so far."""
-    rng = random.Random(seed)
-    history: list[dict[str, Any]] = [{"role": "system", "content": f"Agent {tag}. Follow policy."}]
-    requests = []
-    n = 0
-    for t in range(turns):
-        history.append(
-            {"role": "user", "content": text(rng, rng.choice((5, 40, 150)), f"{tag}-u{t}")}
-        )
-        if rng.random() < 0.15:
-            history.append(
-                {"role": rng.choice(("system", "developer")), "content": f"{tag} rule {t}"}
-            )
-        requests.append(list(history))
-        for _ in range(rng.choice((0, 0, 1, 3, 6))):
-            history += tool_round(rng, tag, n, rng.choice((10, 60, 200)))
-            n += 1
-            requests.append(list(history))
-        history.append(
-            {"role": "assistant", "content": text(rng, rng.choice((10, 80)), f"{tag}-a{t}")}
-        )
-    return requests
-
-
-def sliding(request: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
-    """The client keeps only its newest `keep` messages after the turn's user message."""
-    users = [i for i, m in enumerate(request) if m["role"] == "user"]
-    start = users[-1] + 1
-    tail = request[start:]
-    cut = len(tail) - keep
-    while 0 < cut < len(tail) and tail[cut]["role"] == "tool":
-        cut -= 1  # never start inside a round
-    return request[:start] + tail[max(cut, 0) :]
-
-
 counter = itertools.count()
 
 
@@ -186,29 +114,12 @@ counter = itertools.count()
 @given(
     seed=st.integers(0, 2**32),
     turns=st.integers(1, 7),
-    behaviour=st.sampled_from(["agent", "sliding", "retry", "fork", "two_users"]),
+    behaviour=st.sampled_from(BEHAVIOURS),
 )
 def test_nothing_is_lost_for_generated_clients(
     proxy: Proxy, seed: int, turns: int, behaviour: str
 ) -> None:
-    tag = f"g{next(counter)}"
-    requests = conversation(seed, turns, tag)
-    key: str | None = tag
-    if behaviour == "sliding":
-        requests = [sliding(r, 5) for r in requests]
-    elif behaviour == "retry":
-        requests = [r for r in requests for _ in (0, 1)]
-    elif behaviour == "fork":
-        # Another branch of the same conversation: same opening, other rounds, same key.
-        other = conversation(seed + 1, turns, tag)
-        other[0][0] = requests[0][0]
-        requests = requests + [[*requests[0][:2], *r[2:]] if len(r) > 1 else r for r in other]
-    elif behaviour == "two_users":
-        # No conversation header: both users land on the key derived from the system
-        # prompt and the first user message; everything after differs.
-        key = None
-        other = conversation(seed + 1, turns, tag + "b")
-        requests = requests + [[*requests[0][:2], *r[2:]] for r in other if len(r) > 2]
+    requests, key = client_requests(seed, turns, behaviour, f"g{next(counter)}")
     for request in requests:
         proxy.send(request, key)
 

@@ -193,10 +193,16 @@ def test_tail_on_a_real_log_reads_one_short_line_per_request(
     notes = [x.strip() for x in lines if x.startswith(" ")]
     assert len(notes) == 3, lines
     session, loop_note, manual_note = (n.removeprefix("\u21b3 ") for n in notes)
-    before, after = records[1]["tokens_before"], records[1]["input_tokens"]
+    # Each layer's own tokens, from the line's `compactions` (one object per layer).
+    (made,) = records[1]["compactions"]
+    (folded,) = records[2]["compactions"]
+    assert (made["layer"], made["action"], made["version"]) == ("session", "compacted", 1)
     assert session.startswith("session  context near full: ")
-    assert f"{before:,} \u2192 {after:,} tok" in session and session.endswith(" ms")
+    assert f"{made['tokens_before']:,} \u2192 {made['tokens_after']:,} tok" in session
+    assert session.endswith(" ms")
     assert loop_note.startswith("loop     many tool rounds: ") and "tool rounds folded" in loop_note
+    assert f"{folded['tokens_before']:,} \u2192 {folded['tokens_after']:,} tok" in loop_note
+    assert folded["tokens_after"] != records[2]["input_tokens"]  # not the request's figure
     assert manual_note.startswith("manual   skipped: ") and "?" not in manual_note
     assert "\033[" not in out.getvalue()  # no colours unless asked (a terminal)
     coloured = io.StringIO()
@@ -210,3 +216,49 @@ def test_text_format_prints_what_tail_prints() -> None:
     as_json = json.loads(JsonFormatter().format(record))
     assert "session_failure" not in as_json
     assert TextFormatter().format(record) == tail_render(as_json)
+
+
+def test_tail_reads_each_layer_from_the_compactions_list() -> None:
+    # Only the `compactions` list, no older flat fields: each layer's own line.
+    record = {
+        "logger": "recap.access",
+        "status": 200,
+        "tenant": "t",
+        "conversation": "c",
+        "model": "m",
+        "tokens_before": 9000,
+        "input_tokens": 2000,
+        "compactions": [
+            {"layer": "session", "action": "applied", "version": 3, "covers": 40},
+            {"layer": "loop", "action": "failed", "trigger": "tokens", "failure": "timeout"},
+            {"layer": "trim", "action": "compacted", "count": 2, "saved_chars": 12000},
+            {
+                "layer": "fit_to_window",
+                "action": "compacted",
+                "count": 4,
+                "reason": "summary_failed",
+            },
+        ],
+    }
+    request, *notes = tail_render(record).splitlines()
+    assert "summary v3+trim+fit+FAILED" in request  # applied (reused), not made now
+    assert [n.strip().removeprefix("\u21b3 ") for n in notes] == [
+        "loop     FAILED (tool loop too large), timeout, sent as it came",
+        "trim     2 tool results trimmed, 12,000 chars saved",
+        "fit      dropped the 4 oldest messages to fit the window (summary failed)",
+    ]
+    forced = {
+        "logger": "recap.access",
+        "status": 200,
+        "compactions": [
+            {
+                "layer": "session",
+                "action": "skipped",
+                "trigger": "forced",
+                "skip_reason": "nothing_to_compact",
+            }
+        ],
+    }
+    assert (
+        tail_render(forced).splitlines()[1].strip() == "\u21b3 session  skipped: nothing to compact"
+    )

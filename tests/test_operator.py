@@ -251,6 +251,13 @@ def test_manual_compaction_and_rollback_change_what_is_sent(
     r = chat(url, convo[: steps[half - 1]], "desk-1", key)
     assert r.headers["x-recap-summary-version"] == "1"
     assert "SUMMARY-1" in fake.chat_requests()[-1].json["messages"][1]["content"]
+    # Applying the stored summary is the session layer's work: the view says so.
+    wait_for(lambda: events_settled(url, "desk-1", key, half + 1))
+    view = httpx.get(f"{base}/view", headers=auth(key)).json()
+    assert view["layers"] == ["session"] and view["summary_version"] == 1
+    session = [c for c in view["compactions"] if c["layer"] == "session"]
+    assert [(c["action"], c["version"]) for c in session] == [("applied", 1)]
+    assert view["tokens_after"] < view["tokens_before"]
 
     for i in steps[half:]:
         chat(url, convo[:i], "desk-1", key)

@@ -61,6 +61,7 @@ class CompactionOutcome:
     summarizer_tokens_out: int = 0
     restored_references: int = 0
     calls: int = 0  # summarizer calls (session batches)
+    saved_chars: int | None = None  # characters the trim placeholders saved (trim)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -80,6 +81,7 @@ class CompactionOutcome:
             "duration_ms",
             "count",
             "covers",
+            "saved_chars",
         ):
             value = getattr(self, name)
             if value is not None:
@@ -152,7 +154,7 @@ def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:
             if "tool_rounds" in o.extra:
                 out["tool_rounds"] = o.extra["tool_rounds"]
         elif o.layer == "trim" and o.action == "compacted":
-            out.update(trimmed_results=o.count, trimmed_chars_saved=o.extra.get("saved_chars"))
+            out.update(trimmed_results=o.count, trimmed_chars_saved=o.saved_chars)
             if o.extra.get("shortened"):
                 out["shortened_messages"] = o.extra["shortened"]
         elif o.layer == "fit_to_window" and o.action == "compacted":

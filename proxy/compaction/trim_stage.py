@@ -71,7 +71,8 @@ class TrimStage:
                 "compacted",
                 "trim_trigger_ratio",
                 count=plan.trimmed,
-                extra={"saved_chars": plan.saved_chars, "shortened": len(shortened)},
+                saved_chars=plan.saved_chars,
+                extra={"shortened": len(shortened)},
             )
         )
 

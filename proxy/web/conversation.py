@@ -235,7 +235,7 @@ def _requests(v: ConversationView) -> Html:
             when=when(p.created_at),
             cl=p.classification,
             model=p.model,
-            layers=", ".join(p.layers) or "—",
+            layers=p.shaped_by or "—",
             a=number(p.tokens_client),
             b=number(p.tokens_sent),
         )
@@ -266,7 +266,7 @@ def _saw(v: ConversationView) -> Html:
         id=c.point.request_id or c.point.event_id,
         when=when(c.point.created_at),
         cl=c.point.classification,
-        layers=", ".join(c.point.layers) or "none",
+        layers=c.point.shaped_by or "none",
         a=number(c.point.tokens_client),
         b=number(c.point.tokens_sent),
     )

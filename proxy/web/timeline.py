@@ -32,6 +32,19 @@ class RequestPoint:
     # None when the request was not measured (e.g. the store could not say).
     tokens_client: int | None
     tokens_sent: int | None
+    # The session summary version the request was sent with (made or applied), if any.
+    summary_version: int | None = None
+
+    @property
+    def shaped_by(self) -> str:
+        """The layers that changed what was sent, naming the summary version ("" if none)."""
+        names = [
+            f"session (summary v{self.summary_version})"
+            if x == "session" and self.summary_version is not None
+            else x
+            for x in self.layers
+        ]
+        return ", ".join(names)
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,7 @@ def point(event: Event) -> RequestPoint:
         layers=tuple(str(x) for x in layers) if isinstance(layers, list) else (),
         tokens_client=_int(p.get("tokens_before")),
         tokens_sent=_int(p.get("tokens_after")),
+        summary_version=_int(p.get("summary_version")),
     )
 
 

@@ -101,7 +101,7 @@ def test_outcomes_render_the_log_fields_by_their_names() -> None:
             summarizer_tokens_out=120,
         ),
         CompactionOutcome("loop", "applied", covers=5, extra={"tool_rounds": 9}),
-        CompactionOutcome("trim", "compacted", count=2, extra={"saved_chars": 5000}),
+        CompactionOutcome("trim", "compacted", count=2, saved_chars=5000),
         CompactionOutcome("fit_to_window", "skipped"),
     ]
     fields: dict[str, Any] = log_fields(outcomes)

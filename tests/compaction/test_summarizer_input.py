@@ -28,6 +28,7 @@ from tests.faults import (
 )
 from tests.servers import serve
 
+# The packaged default scenes (a tenant's scenes_dir replaces them).
 SCENES = Path(__file__).resolve().parents[2] / "proxy" / "scenes_default"
 
 

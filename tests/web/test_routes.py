@@ -179,6 +179,9 @@ def test_what_the_model_saw_for_a_chosen_request(shared_site: Site) -> None:
     saw, sent = text.split('id="model-saw"')[1].split('id="client-sent"')
     assert "synthetic" in saw  # the summary the model saw instead of old messages
     assert "folded" in sent  # the client's messages it stands for
+    # Each request names the summary it was sent with, made then or applied from the store.
+    requests = text.split('id="requests"')[1].split("</table>")[0]
+    assert requests.count("session (summary v1)") >= 2, requests
     assert "No request 999" in page(admin, "a", CONV_A, request="999").text
 
 
