@@ -86,6 +86,9 @@ def _sent_key(config: Config, headers: Mapping[str, str], body: Any) -> str | No
     return None
 
 
+DERIVED_PREFIX = "auto-"
+
+
 def _derived_key(messages: Sequence[Any]) -> str:
     """Stable for clients that send no key: the pinned prompt and the first user message."""
     h = hashlib.sha256()
@@ -103,7 +106,12 @@ def _derived_key(messages: Sequence[Any]) -> str:
             h.update(part.encode("utf-8", "surrogatepass"))
         if role not in PINNED_ROLES:
             break
-    return "auto-" + h.hexdigest()[:32]
+    return DERIVED_PREFIX + h.hexdigest()[:32]
+
+
+def is_derived(conv: ConversationRef) -> bool:
+    """A key Recap derived (the client sent none): users sharing the first messages share it."""
+    return conv.key.startswith(DERIVED_PREFIX)
 
 
 def _canonical(value: Any) -> str:

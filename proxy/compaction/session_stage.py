@@ -30,6 +30,7 @@ from proxy.compaction.session import AppliedSummary, SessionPlan, plan_session, 
 from proxy.compaction.summarize import Breaker, Summarizer, SummarizerFailed, SummaryResult
 from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.config import SessionCompaction, Tenant
+from proxy.identity import is_derived
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
 from proxy.scenes import SceneSet
@@ -193,7 +194,13 @@ class SessionStage:
         run = _Run(plan.applied, ex.model or "")
         scene = self.scenes[ex.tenant.name].get(policy.scene)
         summary = plan.applied.summary if plan.applied else ""
-        current = head_tail(content_text(body[-1].get("content")), policy.max_item_chars)
+        # On a derived key other users share this summary: the current message is only
+        # this user's, so it is no summarizer input there (it stays raw, as always).
+        current = (
+            ""
+            if is_derived(ex.conversation)
+            else head_tail(content_text(body[-1].get("content")), policy.max_item_chars)
+        )
         language = detect_language(body)
         for a, b in plan.batches:
             # Instructions stay in the view (session_view): they are not summarised.

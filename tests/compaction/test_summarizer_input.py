@@ -14,11 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
 import yaml
 
 from proxy.app import create_app
 from proxy.config import parse_config
 from tests.faults import (
+    MODEL,
     Answer,
     SummarizerFake,
     compacting_data,
@@ -155,3 +158,28 @@ def test_the_cap_holds_for_what_is_forwarded_guard_included(
     inside = forwarded[at]["content"].split("<recap-summary>\n", 1)[1]
     inside = inside.rsplit("\n</recap-summary>", 1)[0]
     assert len(inside) <= 6000
+
+
+@pytest.mark.parametrize("derived", [True, False])
+def test_the_current_message_reaches_the_summarizer_only_on_a_sent_key(
+    upstream: tuple[SummarizerFake, str], start: Callable[..., str], derived: bool
+) -> None:
+    """On a derived key, users who share the first messages share the summary of that
+    prefix: the current message of whoever triggered it is not theirs, so it is never
+    summarizer input there (it stays raw in the request, as always)."""
+    fake, url = upstream
+    proxy = start(url)
+    messages = history()
+    messages[-1] = {"role": "user", "content": "Refund to card 4111-2222 (SECRET-OF-A)."}
+    headers = {} if derived else {"x-conversation-id": "sent-key"}
+    r = httpx.post(
+        f"{proxy}/chat/completions",
+        json={"model": MODEL, "messages": messages},
+        headers=headers,
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert "session" in r.headers["x-recap-compaction"]
+    assert fake.calls
+    seen = ["SECRET-OF-A" in json.dumps(c.body) for c in fake.calls]
+    assert not any(seen) if derived else all(seen)
