@@ -116,10 +116,12 @@ def test_health_and_other_tenant_answered_while_big_request_is_processed(
     assert "big answered 200" in events
     start, end = events.index("big uploaded"), events.index("upstream got big")
     during = events[start:end]
-    # On 5725a87 the loop was held from the body's arrival to its forwarding: at most the
-    # probes already in flight could finish in between.
-    assert during.count("healthz") >= 20, events[start - 3 : end + 3]
-    assert during.count("tenant b") >= 10, events[start - 3 : end + 3]
+    # On 5725a87 the loop was held from the body's arrival to its forwarding: only the
+    # probes already in flight (5 healthz, 3 tenant b in a measured run) finished in
+    # between; now dozens do (64 and 47 on a quiet machine, 18 healthz on a loaded one).
+    # The bounds sit well above the first and well below the second.
+    assert during.count("healthz") >= 10, events[start - 3 : end + 3]
+    assert during.count("tenant b") >= 6, events[start - 3 : end + 3]
 
 
 def test_big_body_is_over_the_off_loop_threshold() -> None:
