@@ -1,8 +1,8 @@
 """SQLite implementation of the store (aiosqlite, one connection per process).
 
-The reads and most writes are shared with PostgreSQL (`sql.py`); this module is the
-SQLite driver under them (`_fetch`, `_transact`) and what only SQLite needs: the
-mutex, the fault gate and file checks, the summary cache, chunked IN lists.
+Every query is shared with PostgreSQL (`sql.py`); this module is the SQLite driver
+under them (`_fetch`, `_fetch_in`, `_transact` and its `Tx`) and what only SQLite
+needs: the mutex, the fault gate and file checks, the summary cache, chunked IN lists.
 
 The default backend: the app opens it in its lifespan and every stage that reads
 or writes stored state goes through it. One connection, so a per-instance
@@ -38,33 +38,17 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiosqlite
 
-from proxy.store.base import (
-    ConversationRef,
-    ExchangeRecord,
-    KeyedLocks,
-    StoreError,
-    SummaryVersion,
-    pick_matching,
-)
+from proxy.store.base import ConversationRef, KeyedLocks, StoreError, SummaryVersion
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import migrate
-from proxy.store.sql import (
-    SUMMARY_COLUMNS,
-    SUMMARY_FROM,
-    SqlStore,
-    Tx,
-    payload_json,
-    storable_json,
-    summary,
-    touch,
-)
+from proxy.store.sql import Candidates, SqlStore, Tx
 from proxy.store.sqlite_faults import (
     DatabaseFile,
     Fault,
@@ -100,10 +84,22 @@ class _Tx:
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
         return await _all(self.db, sql, params)
 
-
-async def _one(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> Any:
-    rows = await _all(db, sql, params)
-    return rows[0] if rows else None
+    async def insert_rows(
+        self,
+        table: str,
+        fixed: Mapping[str, Any],
+        columns: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        suffix: str = "",
+    ) -> int:
+        names = [*fixed, *columns]
+        marks = ", ".join("?" * len(names))
+        shared = tuple(fixed.values())
+        cur = await self.db.executemany(
+            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({marks}){suffix}",
+            [(*shared, *row) for row in rows],
+        )
+        return max(0, cur.rowcount)
 
 
 async def _all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -112,6 +108,9 @@ async def _all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> lis
 
 
 class SqliteStore(SqlStore):
+    # One conversation per prune transaction: the request path's writes wait on each.
+    _prune_batch = 1
+
     def __init__(
         self,
         path: str,
@@ -341,12 +340,7 @@ class SqliteStore(SqlStore):
         """A real write, after the checks a write cannot make: free space, the file."""
         if self._path != MEMORY and self._wanted:
             check_free_space(self._path)
-        async with self._write() as db:
-            await db.execute(
-                "INSERT INTO heartbeat (id, at) VALUES (1, ?)"
-                " ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-                (self._clock(),),
-            )
+        await super().check_writable()
 
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:
         # In-process only: one proxy process owns a SQLite file.
@@ -360,160 +354,32 @@ class SqliteStore(SqlStore):
         async with self._write() as db:
             return await body(_Tx(db))
 
+    async def _fetch_in(
+        self, sql: str, params: Sequence[Any], column: str, values: Sequence[Any]
+    ) -> list[Sequence[Any]]:
+        found: list[Sequence[Any]] = []
+        async with self._read() as db:
+            # Chunked under SQLite's host-parameter limit, all in one read.
+            for i in range(0, len(values), _IN_CHUNK):
+                chunk = values[i : i + _IN_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                found += await _all(db, f"{sql} AND {column} IN ({marks})", (*params, *chunk))
+        return found
+
     def _forget(self, conv: ConversationRef) -> None:
         self._summaries.drop(conv)
 
-    async def matching_summary(
-        self, conv: ConversationRef, boundary_hashes: Sequence[str]
-    ) -> SummaryVersion | None:
+    def _forget_all(self) -> None:
+        self._summaries.clear()
+
+    async def _summary_candidates(
+        self, conv: ConversationRef
+    ) -> tuple[Candidates, SummaryVersion | None]:
         # Asked on every chat request: answered from memory while the cache is fresh.
         cached = self._summaries.get(conv)
         if cached is not None:
-            candidates, current = cached
-            chosen = pick_matching(candidates, current.version if current else 0, boundary_hashes)
-            if chosen is None:
-                return None
-            if current is not None and chosen == current.version:
-                return current
-        async with self._read() as db:
-            # Only the small columns of every candidate; the chosen text is read once.
-            rows = await _all(
-                db,
-                "SELECT sv.version, sv.covered, sv.boundary_hash, c.current_version"
-                f" {SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
-                (conv.tenant, conv.key),
-            )
-            candidates = [(r[0], r[1], r[2]) for r in rows]
-            current_version = rows[0][3] if rows else 0
-            chosen = pick_matching(candidates, current_version, boundary_hashes)
-            wanted = [v for v in (chosen, current_version) if v]
-            found = (
-                {
-                    v.version: v
-                    for v in map(
-                        summary,
-                        await _all(
-                            db,
-                            f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM}"
-                            f" AND sv.version IN ({', '.join('?' * len(wanted))})",
-                            (conv.tenant, conv.key, *wanted),
-                        ),
-                    )
-                }
-                if wanted
-                else {}
-            )
-        self._summaries.put(conv, candidates, found.get(current_version))
-        return found.get(chosen) if chosen else None
-
-    async def archive_messages(
-        self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
-    ) -> int:
-        if not messages:
-            return 0
-        now = self._clock()
-        rows = [(conv.tenant, conv.key, fp, storable_json(body), now) for fp, body in messages]
-        async with self._write() as db:
-            await touch(_Tx(db), conv, now)
-            cur = await db.executemany(
-                "INSERT INTO messages (tenant, key, fingerprint, body, first_seen_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
-                rows,
-            )
-            added = max(0, cur.rowcount)
-            if added:
-                await db.execute(
-                    "UPDATE conversations SET message_count = message_count + ?"
-                    " WHERE tenant = ? AND key = ?",
-                    (added, conv.tenant, conv.key),
-                )
-        return added
-
-    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
-        now = self._clock()
-        async with self._write() as db:
-            for item in items:
-                conv = item.conversation
-                await touch(_Tx(db), conv, now)
-                rows = [
-                    (conv.tenant, conv.key, fp, storable_json(body), now)
-                    for fp, body in item.messages
-                ]
-                if rows:
-                    cur = await db.executemany(
-                        "INSERT INTO messages (tenant, key, fingerprint, body, first_seen_at)"
-                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
-                        rows,
-                    )
-                    if cur.rowcount > 0:
-                        await db.execute(
-                            "UPDATE conversations SET message_count = message_count + ?"
-                            " WHERE tenant = ? AND key = ?",
-                            (cur.rowcount, conv.tenant, conv.key),
-                        )
-                if item.params:
-                    await db.executemany(
-                        "INSERT INTO request_params (tenant, key, fingerprint, body, first_seen_at)"
-                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
-                        [
-                            (conv.tenant, conv.key, fp, storable_json(body), now)
-                            for fp, body in item.params
-                        ],
-                    )
-                if item.events:
-                    await db.executemany(
-                        "INSERT INTO events (tenant, key, type, payload, created_at)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        [(conv.tenant, conv.key, t, payload_json(p), now) for t, p in item.events],
-                    )
-
-    async def archived_messages(
-        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
-    ) -> dict[str, str]:
-        return await self._archived("messages", conv, fingerprints)
-
-    async def archived_params(
-        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
-    ) -> dict[str, str]:
-        return await self._archived("request_params", conv, fingerprints)
-
-    async def _archived(
-        self, table: str, conv: ConversationRef, fingerprints: Sequence[str] | None
-    ) -> dict[str, str]:
-        base = f"SELECT id, fingerprint, body FROM {table} WHERE tenant = ? AND key = ?"
-        found: list[tuple[int, str, str]] = []
-        async with self._read() as db:
-            if fingerprints is None:
-                found = await _all(db, base, (conv.tenant, conv.key))
-            else:
-                wanted = list(dict.fromkeys(fingerprints))
-                for i in range(0, len(wanted), _IN_CHUNK):
-                    chunk = wanted[i : i + _IN_CHUNK]
-                    marks = ", ".join("?" * len(chunk))
-                    found += await _all(
-                        db, f"{base} AND fingerprint IN ({marks})", (conv.tenant, conv.key, *chunk)
-                    )
-        found.sort()
-        return {fp: body for _, fp, body in found}
-
-    async def prune(self, older_than: float) -> int:
-        self._summaries.clear()
-        pruned = 0
-        while True:
-            async with self._read() as db:
-                batch = await _all(
-                    db,
-                    "SELECT tenant, key FROM conversations WHERE updated_at < ? LIMIT 500",
-                    (older_than,),
-                )
-            if not batch:
-                return pruned
-            for tenant, key in batch:
-                # Re-checked inside the transaction: a request may have touched it since.
-                # ON DELETE CASCADE removes the rows of every other table with it.
-                async with self._write() as db:
-                    cur = await db.execute(
-                        "DELETE FROM conversations WHERE tenant = ? AND key = ? AND updated_at < ?",
-                        (tenant, key, older_than),
-                    )
-                    pruned += max(0, cur.rowcount)
+            return list(cached[0]), cached[1]
+        candidates, current = await super()._summary_candidates(conv)
+        # No await since the read: no write came between it and this entry.
+        self._summaries.put(conv, candidates, current)
+        return candidates, current
