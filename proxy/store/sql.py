@@ -25,6 +25,7 @@ transactions and how it locks rows it prunes.
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -134,13 +135,33 @@ def storable_json(text: str) -> str:
     """JSON text both databases can hold: lone surrogates (valid in JSON escapes) cannot
     be UTF-8. Re-escaping changes the bytes but not the JSON value, and only for such
     text. JSON never has a raw NUL (control characters are escaped inside strings)."""
-    if text.isascii():
+    if text.isascii() or _encodable(text):
         return text
+    return json.dumps(json.loads(text))
+
+
+_CHECK_CHARS = 1 << 18
+
+
+async def storable_rows(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(fingerprint, storable JSON) rows. ASCII text is storable as it is (a flag, O(1));
+    checking large non-ASCII text costs milliseconds, so it runs in a worker thread."""
+    heavy = sum(len(body) for _, body in rows if not body.isascii())
+    if heavy < _CHECK_CHARS:
+        return [(fp, storable_json(body)) for fp, body in rows]
+    return await asyncio.to_thread(lambda: [(fp, storable_json(body)) for fp, body in rows])
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` is valid as UTF-8 (no lone surrogate), checked in slices: encoding a
+    30 MB text at once would hold the GIL for about 20 ms (a str's surrogates are lone by
+    definition, so a slice boundary cannot split a valid pair)."""
     try:
-        text.encode("utf-8")
+        for i in range(0, len(text), _CHECK_CHARS):
+            text[i : i + _CHECK_CHARS].encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(json.loads(text))
-    return text
+        return False
+    return True
 
 
 # -- the reads, written once -------------------------------------------------------------------
@@ -583,7 +604,7 @@ async def add_archived(
         table,
         {"tenant": conv.tenant, "key": conv.key, "first_seen_at": now},
         ("fingerprint", "body"),
-        [(fp, storable_json(body)) for fp, body in unique.items()],
+        await storable_rows(list(unique.items())),
         " ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
     )
     if added and table == "messages":
