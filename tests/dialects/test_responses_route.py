@@ -164,6 +164,13 @@ def test_a_long_history_is_compacted_and_stays_valid(
 ) -> None:
     url = compacting()
     instructions, items = responses_items(history())
+    # Opaque items in the recent window: a built-in tool call and a reference, before the
+    # last answer; they must reach the upstream as sent, in place.
+    opaque = [
+        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"query": "x"}},
+        {"type": "item_reference", "id": "msg_ref_1"},
+    ]
+    items[-2:-2] = opaque
     assert input_problems({"input": items}) == []
     raw = client(url, **{"x-conversation-id": "long-1"}).responses.with_raw_response.create(
         model=MODEL, instructions=instructions, input=items
@@ -255,3 +262,29 @@ def test_the_same_history_is_not_compacted_without_that_usage(
         extra_headers={"x-conversation-id": "cal-c"},
     )  # fmt: skip
     assert raw.headers["x-recap-compaction"] == "none"
+
+
+def test_an_upstream_error_after_progress_comments_is_an_error_event(
+    compacting: Callable[..., str], fake_responses: FakeResponses
+) -> None:
+    url = compacting()
+    fake_responses.respond = lambda body: Answer(
+        status=503, error={"error": {"message": "overloaded", "type": "server_error", "code": 503}}
+    )
+    instructions, items = responses_items(history(marker="e"))
+    body = {"model": MODEL, "instructions": instructions, "input": items, "stream": True}
+    with httpx.stream(
+        "POST", f"{url}/responses", json=body, headers={"x-conversation-id": "e-1"}, timeout=30
+    ) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert ": recap compacting" in lines
+    assert lines[-2] == "event: error"
+    event = json.loads(lines[-1].removeprefix("data: "))
+    assert event["type"] == "error" and event["message"] == "overloaded"
+    # The SDK raises it as an API error.
+    with pytest.raises(openai.APIError, match="overloaded"):
+        with client(url, **{"x-conversation-id": "e-2"}).responses.stream(
+            model=MODEL, instructions=instructions, input=items
+        ) as stream:
+            for _ in stream:
+                pass
