@@ -149,14 +149,15 @@ def test_server_held_history_is_forwarded_unchanged_and_logged(
 def test_conversation_keys_from_codex_header_and_body(plain: str, logs: LogCapture) -> None:
     c = client(plain)
     c.responses.create(model="m", input="a", extra_headers={"session-id": "codex-1"})
+    c.responses.create(model="m", input="a", extra_headers={"session_id": "codex-1b"})
     c.responses.create(model="m", input="b", prompt_cache_key="cache-2")
     c.responses.create(model="m", input="c", metadata={"conversation_id": "meta-3"})
     c.responses.create(model="m", input="d", instructions="I.")
     c.responses.create(model="m", input="d", instructions="I.", prompt_cache_key="x",
                        extra_headers={"x-conversation-id": "hdr-5"})  # fmt: skip
-    keys = [x["conversation"] for x in logs.access(5) if x["path"] == "/v1/responses"]
-    assert keys[:3] == ["codex-1", "cache-2", "meta-3"]
-    assert keys[3].startswith("auto-") and keys[4] == "hdr-5"
+    keys = [x["conversation"] for x in logs.access(6) if x["path"] == "/v1/responses"]
+    assert keys[:4] == ["codex-1", "codex-1b", "cache-2", "meta-3"]
+    assert keys[4].startswith("auto-") and keys[5] == "hdr-5"
 
 
 def test_a_long_history_is_compacted_and_stays_valid(
