@@ -283,9 +283,10 @@ def test_an_upstream_error_after_progress_comments_is_an_error_event(
     event = json.loads(lines[-1].removeprefix("data: "))
     assert event["type"] == "error" and event["message"] == "overloaded"
     # The SDK raises it as an API error.
-    with pytest.raises(openai.APIError, match="overloaded"):
-        with client(url, **{"x-conversation-id": "e-2"}).responses.stream(
-            model=MODEL, instructions=instructions, input=items
-        ) as stream:
-            for _ in stream:
-                pass
+    sdk = client(url, **{"x-conversation-id": "e-2"})
+    with (
+        pytest.raises(openai.APIError, match="overloaded"),
+        sdk.responses.stream(model=MODEL, instructions=instructions, input=items) as stream,
+    ):
+        for _ in stream:
+            pass
