@@ -75,7 +75,8 @@ class Exchange:
     archive_failed: bool = False
 
     def __post_init__(self) -> None:
-        if not self.messages:
+        if not self.messages and isinstance(self.dialect, ChatDialect):
+            # Built from a chat body alone (tests, the operator's manual compaction).
             self.messages = list(self.body.get("messages") or [])
         self.original: list[Message] = self.messages
 

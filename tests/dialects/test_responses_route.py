@@ -290,3 +290,15 @@ def test_an_upstream_error_after_progress_comments_is_an_error_event(
     ):
         for _ in stream:
             pass
+
+
+def test_a_messages_field_beside_input_is_not_taken_for_the_history(
+    plain: str, logs: LogCapture
+) -> None:
+    words = "a long chat history that is not this request's " * 50
+    for extra in ({}, {"messages": [{"role": "user", "content": words}]}):
+        r = httpx.post(f"{plain}/responses", json={"model": "m", "input": [], **extra})
+        assert r.status_code == 400  # the fake (as OpenAI) wants some input
+    first, second = [x for x in logs.access(2) if x["path"] == "/v1/responses"]
+    assert first["messages"] == second["messages"] == 0
+    assert first["input_tokens"] == second["input_tokens"]
