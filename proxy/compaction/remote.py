@@ -1,0 +1,214 @@
+"""Codex remote compaction, the pure part: which requests ask for it, and the items answered.
+
+Codex asks the server to compact (docs/codex.md): `POST /v1/responses/compact`, or a
+`{"type": "compaction_trigger"}` item last in a `/v1/responses` input. It expects
+exactly one `{"type": "compaction", "encrypted_content": ...}` item back and sends
+that item in later inputs. Recap answers with a reference to a summary it stored
+(`reference.py`) and, when the item comes back, puts the summary in its place as a
+`user` message framed as a quoted record, never as instructions.
+
+Everything here is a function of its arguments: `proxy/remote_compaction.py` does the IO.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.compaction.framing import summary_message
+from proxy.messages import PINNED_ROLES
+
+TRIGGER = "compaction_trigger"
+# Codex reads `compaction_summary` as an alias of `compaction` (protocol/src/models.rs).
+COMPACTION_TYPES = frozenset({"compaction", "compaction_summary"})
+
+
+def is_trigger(item: object) -> bool:
+    return isinstance(item, Mapping) and item.get("type") == TRIGGER
+
+
+def is_compaction(item: object) -> bool:
+    return isinstance(item, Mapping) and item.get("type") in COMPACTION_TYPES
+
+
+def may_hold_compaction(raw: bytes) -> bool:
+    """A cheap look at a body's bytes: False means it holds no compaction item nor trigger
+    (the type is a JSON string, so its name is in the bytes unless escaped; an escaped
+    one is still found once the body is parsed, see `CompactionRequest`)."""
+    return b"compaction" in raw or b"\\u" in raw
+
+
+@dataclass(frozen=True)
+class CompactionRequest:
+    """What a `/v1/responses` input asks of remote compaction."""
+
+    # The input without its trigger items: the history to compact.
+    history: list[Any]
+    triggered: bool
+    # Positions in `history` of compaction items (to expand before anything reads it).
+    compactions: tuple[int, ...]
+
+
+def read_input(items: Sequence[Any]) -> CompactionRequest:
+    history = [item for item in items if not is_trigger(item)]
+    return CompactionRequest(
+        history,
+        len(history) != len(items),
+        tuple(i for i, item in enumerate(history) if is_compaction(item)),
+    )
+
+
+def is_pinned_item(item: object) -> bool:
+    """An instruction message (developer or system): Codex keeps these itself, so a
+    compaction neither summarises nor replaces them."""
+    return (
+        isinstance(item, Mapping)
+        and item.get("type", "message") == "message"
+        and item.get("role") in PINNED_ROLES
+    )
+
+
+def summary_item(summary: str, language: str) -> dict[str, Any]:
+    """The input item a compaction item is replaced by: the summary as user-side data."""
+    text = summary_message(summary, "user", language, "session")["content"]
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def compaction_item(token: str) -> dict[str, Any]:
+    # A stable id: retries of one compaction give the same item.
+    item_id = "cmp_" + hashlib.sha256(token.encode("ascii")).hexdigest()[:32]
+    return {"type": "compaction", "id": item_id, "encrypted_content": token}
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
+
+
+def response_object(
+    response_id: str,
+    model: str | None,
+    created_at: int,
+    item: Mapping[str, Any] | None,
+    usage: Usage | None,
+) -> dict[str, Any]:
+    """A Responses API response object: in progress (no item yet) or completed."""
+    done = item is not None
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": "completed" if done else "in_progress",
+        "model": model or "",
+        "output": [dict(item)] if item is not None else [],
+        "usage": usage.as_json() if usage is not None else None,
+        "error": None,
+        "incomplete_details": None,
+    }
+
+
+def compact_object(
+    response_id: str, created_at: int, item: Mapping[str, Any], usage: Usage
+) -> dict[str, Any]:
+    """The answer of `POST /v1/responses/compact`; Codex reads its `output`."""
+    return {
+        "id": response_id,
+        "object": "response.compaction",
+        "created_at": created_at,
+        "output": [dict(item)],
+        "usage": usage.as_json(),
+    }
+
+
+def stream_events(
+    response_id: str, model: str | None, created_at: int, item: Mapping[str, Any], usage: Usage
+) -> list[dict[str, Any]]:
+    """The SSE events of a streamed answer holding the one compaction item."""
+    started = response_object(response_id, model, created_at, None, None)
+    done = response_object(response_id, model, created_at, item, usage)
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": started},
+        {"type": "response.in_progress", "response": started},
+        {"type": "response.output_item.added", "output_index": 0, "item": dict(item)},
+        {"type": "response.output_item.done", "output_index": 0, "item": dict(item)},
+        {"type": "response.completed", "response": done},
+    ]
+    return [{**event, "sequence_number": n} for n, event in enumerate(events)]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts = []
+    for part in content:
+        if isinstance(part, Mapping):
+            kind = part.get("type")
+            if isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif kind in ("input_image", "image_url"):
+                parts.append("[image]")
+            elif kind == "input_file":
+                parts.append(f"[file {part.get('filename') or ''}]".replace(" ]", "]"))
+        elif isinstance(part, str):
+            parts.append(part)
+    return "\n".join(parts)
+
+
+def transcript_messages(items: Sequence[Any]) -> list[dict[str, Any]]:
+    """Responses items as chat messages, for the summarizer's transcript only (never sent).
+
+    Messages keep their role and text; function and custom tool calls become assistant
+    tool calls and their outputs tool results; reasoning (encrypted) and items of other
+    types are left out of the transcript.
+    """
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if isinstance(role, str):
+                out.append({"role": role, "content": _text_of(item.get("content"))})
+        elif kind in ("function_call", "custom_tool_call"):
+            arguments = item.get("arguments", item.get("input", ""))
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": str(item.get("call_id") or ""),
+                            "type": "function",
+                            "function": {
+                                "name": str(item.get("name") or ""),
+                                "arguments": arguments if isinstance(arguments, str) else "",
+                            },
+                        }
+                    ],
+                }
+            )
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            output = item.get("output")
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(item.get("call_id") or ""),
+                    "content": _text_of(output),
+                }
+            )
+    return out
