@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
 
+from proxy.conversation_ref import ConversationRef as ConversationRef
+
 Layer = Literal["session", "loop", "trim", "fit_to_window", "manual"]
 Outcome = Literal["ok", "failed", "skipped"]
 EventType = Literal[
@@ -55,14 +57,6 @@ def translating(
         raise StoreError(str(exc)) from exc
     except foreign as exc:
         raise StoreError(reason(exc)) from exc
-
-
-@dataclass(frozen=True)
-class ConversationRef:
-    """A conversation is identified by its tenant and the client's key within that tenant."""
-
-    tenant: str
-    key: str
 
 
 @dataclass(frozen=True)

@@ -23,24 +23,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.archive import message_json
-from proxy.compaction.audit import audit
-from proxy.compaction.framing import prompt_chars
-from proxy.compaction.reference import BadReference, Reference, issue, verify
-from proxy.compaction.remote import (
-    Usage,
-    compaction_item,
-    is_compaction,
-    is_pinned_item,
-    summary_item,
-    transcript_messages,
-)
-from proxy.compaction.summarize import Summarizer, SummarizerFailed
-from proxy.compaction.transcript import detect_language, render_transcript
 from proxy.config import Config, Tenant
 from proxy.errors import BadRequest, CompactionFailed, Conflict
-from proxy.identity import MAX_KEY_CHARS, conversation_ref, is_derived
-from proxy.messages import chain_hashes, fingerprint
+from proxy.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
+from proxy.planning.framing import prompt_chars
+from proxy.planning.reference import BadReference, Reference, issue, verify
+from proxy.planning.remote import Usage, compaction_item, is_compaction, summary_item
+from proxy.planning.transcript import detect_language, render_transcript
 from proxy.scenes import SceneSet
+from proxy.stages.audit import audit
+from proxy.stages.summarize import Summarizer, SummarizerFailed
 from proxy.store.base import CompactionRecord, ConversationRef, NewSummary, Store
 from proxy.tokens import TokenCounter
 
@@ -85,33 +77,15 @@ class RemoteCompactor:
             self._secret = await self.store.deployment_secret()
         return self._secret
 
-    def conversation(
-        self, tenant: Tenant, headers: Mapping[str, str], body: Mapping[str, Any]
-    ) -> ConversationRef:
-        """The keys Recap reads for chat, then Codex's `session-id` header and the body's
-        `prompt_cache_key` (Codex sends both, equal), then one derived from the start."""
-        items = body.get("input")
-        chat = transcript_messages(items if isinstance(items, list) else [])
-        conv = conversation_ref(
-            self.config, tenant, headers, {"messages": chat, "metadata": body.get("metadata")}
-        )
-        if not is_derived(conv):
-            return conv
-        for source, value in (
-            ("session-id", headers.get("session-id")),
-            ("prompt_cache_key", body.get("prompt_cache_key")),
-        ):
-            if isinstance(value, str) and value:
-                if len(value) > MAX_KEY_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in value):
-                    raise BadRequest(f"conversation key from {source} is not a valid key")
-                return ConversationRef(tenant.name, value)
-        return conv
-
     async def expand(self, tenant: Tenant, items: Sequence[Any]) -> list[Any]:
         """`items` with every compaction item replaced by the summary it references."""
         out = list(items)
         secret = await self.secret()
         language = ""
+        if any(is_compaction(item) for item in items):
+            language = detect_language(
+                [{"role": "user", "content": _texts(item)} for item in items if _texts(item)]
+            )
         for i, item in enumerate(items):
             if not is_compaction(item):
                 continue
@@ -126,8 +100,7 @@ class RemoteCompactor:
                     " (deleted, or from another store).",
                     param=f"input[{i}]",
                 )
-            language = language or detect_language(transcript_messages(items))
-            out[i] = summary_item(summary, language)
+            out[i] = summary_item(summary, language or "en")
         return out
 
     async def _summary(self, tenant: Tenant, ref: Reference) -> str | None:
@@ -156,24 +129,24 @@ class RemoteCompactor:
         self,
         tenant: Tenant,
         conv: ConversationRef,
-        history: Sequence[Any],
+        messages: Sequence[Message],
         *,
         model: str | None,
         authorization: str | None,
         request_id: str,
     ) -> Compacted:
-        """One summary version standing for `history` (compaction items already expanded),
-        and the compaction item referencing it. Raises Conflict (nothing to compact) or
+        """One summary version standing for the history `messages` (the neutral view of
+        an input whose compaction items are already expanded), and the compaction item
+        referencing it. As for session summaries, the leading instructions are not in it
+        and later ones are not summarised. Raises Conflict (nothing to compact) or
         CompactionFailed (the summarizer failed)."""
-        body = [item for item in history if not is_pinned_item(item)]
-        if not body:
+        _, body = split_pinned(messages)
+        if not any(not is_pinned(m) for m in body):
             raise Conflict("Nothing to compact: the input holds only instructions.")
         chain = chain_hashes(body)
         secret = await self.secret()
         policy = tenant.compaction.session
-        before = self.counter.count_text(
-            render_transcript(transcript_messages(body), 1 << 30), model
-        )
+        before = self.counter.count_text(render_transcript(body, 1 << 30), model)
         async with self.store.conversation_lock(conv):
             prior = await self.store.matching_summary(conv, chain)
             if prior is not None and prior.covered == len(body):
@@ -184,16 +157,18 @@ class RemoteCompactor:
             start = time.perf_counter()
             # The originals first: a summary never exists whose originals are missing.
             await self.store.archive_messages(
-                conv, [(fingerprint(item), message_json(item)) for item in body]
+                conv, [(fingerprint(m), message_json(m)) for m in body]
             )
             summary = prior.summary if prior is not None else ""
             begin = prior.covered if prior is not None else 0
             scene = self.scenes[tenant.name].get(policy.scene)
-            language = detect_language(transcript_messages(body))
+            language = detect_language(body)
             tokens_in = tokens_out = 0
             used = model or ""
             for a, b in _batches(body, begin, policy.max_batch_messages, self._budget(model)):
-                span = transcript_messages(body[a:b])
+                span = [m for m in body[a:b] if not is_pinned(m)]
+                if not span:
+                    continue
                 try:
                     result = await self.summarizer.summarize(
                         tenant,
@@ -237,7 +212,7 @@ class RemoteCompactor:
                 conv, "ok", "", before, body, summary, used, start, version.version, request_id
             )
             log.info(
-                "remote compaction: %d items into summary version %d",
+                "remote compaction: %d messages into summary version %d",
                 len(body),
                 version.version,
                 extra={"request_id": request_id},
@@ -271,7 +246,7 @@ class RemoteCompactor:
         outcome: str,
         detail: str,
         tokens: int,
-        body: Sequence[Any],
+        body: Sequence[Message],
         summary: str,
         model: str,
         start: float,
@@ -299,7 +274,7 @@ class RemoteCompactor:
 
 
 def _batches(
-    body: Sequence[Any], begin: int, max_items: int, max_chars: int
+    body: Sequence[Message], begin: int, max_items: int, max_chars: int
 ) -> list[tuple[int, int]]:
     """[begin, len(body)) in spans of at most `max_items` items and about `max_chars`
     characters of JSON (an item larger than that goes alone)."""
@@ -315,3 +290,17 @@ def _batches(
         spans.append((a, b))
         a = b
     return spans
+
+
+def _texts(item: Any) -> str:
+    """The text of a user message item (for the summary frame's language)."""
+    if not isinstance(item, Mapping) or item.get("role") != "user":
+        return ""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+        )
+    return ""

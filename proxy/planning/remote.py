@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.framing import summary_message
-from proxy.messages import PINNED_ROLES
+from proxy.planning.framing import summary_message
 
 TRIGGER = "compaction_trigger"
 # Codex reads `compaction_summary` as an alias of `compaction` (protocol/src/models.rs).
@@ -57,16 +56,6 @@ def read_input(items: Sequence[Any]) -> CompactionRequest:
         history,
         len(history) != len(items),
         tuple(i for i, item in enumerate(history) if is_compaction(item)),
-    )
-
-
-def is_pinned_item(item: object) -> bool:
-    """An instruction message (developer or system): Codex keeps these itself, so a
-    compaction neither summarises nor replaces them."""
-    return (
-        isinstance(item, Mapping)
-        and item.get("type", "message") == "message"
-        and item.get("role") in PINNED_ROLES
     )
 
 
@@ -146,69 +135,3 @@ def stream_events(
         {"type": "response.completed", "response": done},
     ]
     return [{**event, "sequence_number": n} for n, event in enumerate(events)]
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    parts = []
-    for part in content:
-        if isinstance(part, Mapping):
-            kind = part.get("type")
-            if isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif kind in ("input_image", "image_url"):
-                parts.append("[image]")
-            elif kind == "input_file":
-                parts.append(f"[file {part.get('filename') or ''}]".replace(" ]", "]"))
-        elif isinstance(part, str):
-            parts.append(part)
-    return "\n".join(parts)
-
-
-def transcript_messages(items: Sequence[Any]) -> list[dict[str, Any]]:
-    """Responses items as chat messages, for the summarizer's transcript only (never sent).
-
-    Messages keep their role and text; function and custom tool calls become assistant
-    tool calls and their outputs tool results; reasoning (encrypted) and items of other
-    types are left out of the transcript.
-    """
-    out: list[dict[str, Any]] = []
-    for item in items:
-        if not isinstance(item, Mapping):
-            continue
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if isinstance(role, str):
-                out.append({"role": role, "content": _text_of(item.get("content"))})
-        elif kind in ("function_call", "custom_tool_call"):
-            arguments = item.get("arguments", item.get("input", ""))
-            out.append(
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": str(item.get("call_id") or ""),
-                            "type": "function",
-                            "function": {
-                                "name": str(item.get("name") or ""),
-                                "arguments": arguments if isinstance(arguments, str) else "",
-                            },
-                        }
-                    ],
-                }
-            )
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            output = item.get("output")
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": str(item.get("call_id") or ""),
-                    "content": _text_of(output),
-                }
-            )
-    return out
