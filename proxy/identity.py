@@ -76,9 +76,10 @@ def _sent_key(
     for name in sorted(headers):
         if _SESSION_HEADER.match(name) and headers[name] != "":
             return _check_sent_key(headers[name], name)
-    # Codex CLI names its session in a plain `session-id` header.
-    if headers.get("session-id"):
-        return _check_sent_key(headers["session-id"], "session-id")
+    # Codex CLI names its session in a plain `session-id` header (`session_id` in some versions).
+    for name in ("session-id", "session_id"):
+        if headers.get(name):
+            return _check_sent_key(headers[name], name)
     for source, value in candidates:
         if isinstance(value, str) and value:
             # JSON may carry lone surrogates, which no store can hold as text: keep

@@ -141,6 +141,10 @@ class FakeResponses(FakeUpstream):
         super().__init__(routes=[Route("/v1/responses", self._responses, methods=["POST"])])
         self.respond: Callable[[dict[str, Any]], AnswerOrAwaitable] = lambda body: Answer()
         self.problems: list[str] = []
+        # The upstream's tokenizer, for `usage.input_tokens` (about four characters a token).
+        self.count: Callable[[dict[str, Any]], int] = lambda body: (
+            (len(json.dumps(body.get("input"))) + len(str(body.get("instructions") or ""))) // 4
+        )
         self._ids = count(1)
 
     def response_requests(self) -> list[Recorded]:
@@ -209,7 +213,7 @@ class FakeResponses(FakeUpstream):
     def _response(
         self, body: dict[str, Any], output: list[dict[str, Any]], status: str
     ) -> dict[str, Any]:
-        tokens = len(json.dumps(body.get("input"))) // 4 + len(str(body.get("instructions"))) // 4
+        tokens = self.count(body)
         return {
             "id": "resp_fake",
             "object": "response",
