@@ -13,7 +13,10 @@
                             the `request` and `trim` events; the writer puts everything
                             queued into one transaction, while the upstream answers; the
                             answer's final bytes wait for it
-    after the response      `finish`: the `response` event, queued the same way
+    after the response      `finish`: the `response` event, queued without waking the
+                            writer: it goes with the next request's record (one
+                            transaction for both), or after `RESPONSE_LINGER_S` when no
+                            request comes
 
 So a request that compacts nothing costs no write before it goes upstream, an
 answered request is on disk before its client has the whole answer, and under
@@ -44,6 +47,11 @@ from proxy.stages.estimate import count_for_log
 from proxy.store.base import ConversationRef, EventType, ExchangeRecord, Store, StoreError
 
 log = logging.getLogger("recap.archive")
+
+# How long a response event may wait for the next request's record to share its write.
+# A process killed in that window loses the event, never a request or a message: the
+# answer's text comes back as a message of the client's next request.
+RESPONSE_LINGER_S = 0.25
 
 
 def message_json(message: Message) -> str:
@@ -76,6 +84,8 @@ class Archiver:
         # One per queued record: resolved when it is written (or the store failed).
         self._waiters: list[asyncio.Future[bool]] = []
         self._wake = asyncio.Event()
+        self._linger: asyncio.TimerHandle | None = None
+        self.linger_s = RESPONSE_LINGER_S
         self._writer: asyncio.Task[None] | None = None
         self.max_batch = 256
         # Kept while the store is down; each record weighs its messages' JSON.
@@ -172,9 +182,11 @@ class Archiver:
                 "response",
                 {"request_id": ex.request_id, **answer},
             )
-            self._enqueue(ExchangeRecord(ex.conversation, [], [event]))
+            self._enqueue(ExchangeRecord(ex.conversation, [], [event]), urgent=False)
 
-    def _enqueue(self, record: ExchangeRecord) -> asyncio.Future[bool]:
+    def _enqueue(self, record: ExchangeRecord, *, urgent: bool = True) -> asyncio.Future[bool]:
+        """Queue a record; `urgent` ones (someone waits for them) wake the writer now,
+        the others by `linger_s` at the latest."""
         loop = asyncio.get_running_loop()
         committed: asyncio.Future[bool] = loop.create_future()
         if self._failing:
@@ -182,7 +194,10 @@ class Archiver:
             committed.set_result(False)
         self._queue.append(record)
         self._waiters.append(committed)
-        self._wake.set()
+        if urgent:
+            self._wake.set()
+        elif self._linger is None:
+            self._linger = loop.call_later(self.linger_s, self._wake.set)
         if self._writer is None or self._writer.done():
             self._writer = loop.create_task(self._write_queued())
         return committed
@@ -205,6 +220,9 @@ class Archiver:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self._linger is not None:
+                self._linger.cancel()
+                self._linger = None
             while self._queue:
                 # Taken off the queue only once written, so `drain` sees work in flight.
                 batch = self._queue[: self.max_batch]
@@ -275,6 +293,7 @@ class Archiver:
         """Wait (bounded) for queued and background writes, then stop the writer."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        self._wake.set()  # what lingers goes now
         # A store that is down at shutdown will not come back in time: do not wait for it.
         while ((self._queue and not self._failing) or self._tasks) and loop.time() < deadline:
             if self._tasks:
@@ -284,6 +303,9 @@ class Archiver:
         if self._queue:
             log.warning("%d request records not archived at shutdown", len(self._queue))
             self._release(False)
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -163,11 +163,15 @@ class ChatCompletions:
         # Arrival to forwarding (of the first try: a retry's time is the upstream's too).
         overhead_ms = round((time.perf_counter() - start) * 1000, 1)
         fields["overhead_ms"] = overhead_ms
-        # The request's archive record is committed while the upstream answers; the
+        # The request's archive record is queued once the body is on the wire, so making
+        # it overlaps the upstream's work, and committed while the upstream answers; the
         # answer's final bytes wait for it (relay.FinalBytesGate).
-        committed = self._begin(state, exchange)
+        begin = _Once(lambda: self._begin(state, exchange))
         try:
-            response = await self._send(state, scope, tenant, payload, out_headers)
+            try:
+                response = await self._send(state, scope, tenant, payload, out_headers, begin)
+            finally:
+                committed = begin()  # if the trace never came (the send failed): kept too
             if exchange is not None and response.status_code in (400, 413):
                 # A context-length error before any of the answer reached the client: plan
                 # again, harder, and send once more (proxy/overflow.py).
@@ -247,15 +251,28 @@ class ChatCompletions:
         tenant: Tenant,
         payload: bytes,
         headers: list[tuple[bytes, bytes]],
+        on_sent: Callable[[], object] | None = None,
     ) -> httpx.Response:
-        """Forward; the upstream's response (streamed). Raises RecapError (mapped_errors)."""
+        """Forward; the upstream's response (streamed). Raises RecapError (mapped_errors).
+
+        `on_sent` runs as soon as the whole body is written (httpcore's trace event),
+        while the upstream works on it."""
         upstream = tenant.upstream
         client = state.upstreams.client(upstream)
+        extensions = {}
+        if on_sent is not None:
+
+            async def trace(event: str, info: Mapping[str, Any]) -> None:
+                if event.endswith(".send_request_body.complete"):
+                    on_sent()
+
+            extensions["trace"] = trace
         request = client.build_request(
             "POST",
             upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
             headers=[(k, v) for k, v in headers if k != b"content-length"] + sized(payload),
             content=in_slices(payload),
+            extensions=extensions,
         )
         with mapped_errors(upstream):
             return await client.send(request, stream=True)
@@ -306,8 +323,12 @@ class ChatCompletions:
             )
         retry = retry_exchange(exchange, window)
         payload, headers = await self._plan(state, scope, tenant, incoming, retry)
-        committed = self._begin(state, retry)
-        return await self._send(state, scope, tenant, payload, headers), retry, committed
+        begin = _Once(lambda: self._begin(state, retry))
+        try:
+            response = await self._send(state, scope, tenant, payload, headers, begin)
+        finally:
+            committed = begin()
+        return response, retry, committed
 
     async def _relay(
         self,
@@ -385,3 +406,17 @@ def _length(value: str | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+class _Once:
+    """A call made at most once; later calls return its first result."""
+
+    def __init__(self, call: Callable[[], Awaitable[bool] | None]) -> None:
+        self._call: Callable[[], Awaitable[bool] | None] | None = call
+        self._result: Awaitable[bool] | None = None
+
+    def __call__(self) -> Awaitable[bool] | None:
+        if self._call is not None:
+            call, self._call = self._call, None
+            self._result = call()
+        return self._result

@@ -12,7 +12,9 @@ answer's final bytes wait for that commit.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -154,3 +156,34 @@ def test_answered_requests_survive_sigkill(
         return out
 
     assert asyncio.run(missing()) == []
+
+
+def test_the_record_is_committed_while_the_upstream_answers(
+    fake: FakeUpstream, proxy_factory: Any, tmp_path: Path
+) -> None:
+    """The request's record is on disk before the upstream has answered: the fake answers
+    only once it sees the request event in the proxy's database."""
+    db = tmp_path / "recap.db"
+
+    def request_events() -> int:
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            return int(
+                conn.execute("SELECT count(*) FROM events WHERE type = 'request'").fetchone()[0]
+            )
+
+    async def answer_once_archived(body: dict[str, Any]) -> Reply:
+        for _ in range(1000):  # a hang guard (10 s): the commit takes milliseconds
+            if await asyncio.to_thread(request_events) > 0:
+                return Reply(content="archived first")
+            await asyncio.sleep(0.01)
+        return Reply(content="not archived while the upstream worked")
+
+    url = proxy_factory()
+    fake.chat = answer_once_archived
+    r = httpx.post(
+        f"{url}/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-recap-conversation": "durable"},
+        timeout=30,
+    )
+    assert r.json()["choices"][0]["message"]["content"] == "archived first"
