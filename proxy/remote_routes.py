@@ -33,6 +33,7 @@ from proxy.errors import BadRequest, RecapError
 from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
 from proxy.planning.remote import (
+    RemoteAction,
     compact_object,
     may_hold_compaction,
     read_input,
@@ -179,7 +180,7 @@ class ResponsesCompact(_Compaction):
             if tenant.remote_compaction == "passthrough":
                 await self.passthrough(scope, receive, send)
                 return
-            fields.update(tenant=tenant.name, remote_compaction="compact")
+            fields.update(tenant=tenant.name, remote_compaction=RemoteAction.COMPACT.value)
             read = await _read(scope, receive, state)
             found = _input_of(read.decoded)
             if found is None:
@@ -238,11 +239,11 @@ class CodexGate(_Compaction):
             fields["tenant"] = tenant.name
             history = await _remote(state).expand(tenant, asked.history)
             if not asked.triggered:
-                fields["remote_compaction"] = "expanded"
+                fields["remote_compaction"] = RemoteAction.EXPANDED.value
                 rewritten = write_json({**body, "input": history}, kept)
                 await self.route(_with_body(scope, rewritten), _replay(rewritten, receive), send)
                 return
-            fields["remote_compaction"] = "trigger"
+            fields["remote_compaction"] = RemoteAction.TRIGGER.value
             await until_disconnect(
                 receive, self._answer(state, scope, tenant, body, kept, history, responder)
             )

@@ -340,3 +340,17 @@ def test_the_compaction_is_a_session_summary_version_of_the_conversation(
     info = r.json()
     versions = info.get("versions") or info.get("summary_versions") or []
     assert [v.get("reason") for v in versions] == ["remote"], info
+
+
+def test_the_log_line_says_what_remote_compaction_did(
+    upstream: tuple[Upstream, str], recap: Callable[..., str], logs: Any
+) -> None:
+    base = recap()
+    item = compact_v2(base, codex.history())
+    turn(base, codex.after_compaction(item, "go on"))
+    trigger, expanded = logs.access(2)[-2:]
+    assert trigger["remote_compaction"] == "trigger"
+    assert trigger["remote_compaction_version"] == 1
+    assert trigger["conversation"] == codex.SESSION and trigger["tenant"] == "a"
+    assert expanded["remote_compaction"] == "expanded"
+    assert expanded["conversation"] == codex.SESSION

@@ -12,6 +12,7 @@ Everything here is a function of its arguments: `proxy/remote_compaction.py` doe
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,14 @@ from proxy.planning.framing import summary_message
 TRIGGER = "compaction_trigger"
 # Codex reads `compaction_summary` as an alias of `compaction` (protocol/src/models.rs).
 COMPACTION_TYPES = frozenset({"compaction", "compaction_summary"})
+
+
+class RemoteAction(enum.StrEnum):
+    """What Recap did for remote compaction on a request (the log's `remote_compaction`)."""
+
+    COMPACT = "compact"  # answered POST /v1/responses/compact
+    TRIGGER = "trigger"  # answered a compaction_trigger on /v1/responses
+    EXPANDED = "expanded"  # replaced compaction items by their summaries, then forwarded
 
 
 def is_trigger(item: object) -> bool:
