@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,11 +42,16 @@ def is_compaction(item: object) -> bool:
     return isinstance(item, Mapping) and item.get("type") in COMPACTION_TYPES
 
 
+# A printable ASCII character written as a \u escape: JSON encoders never do that (they
+# escape only quotes, backslashes, control and non-ASCII characters), so only a body
+# spelling a type oddly has one, and it is parsed to be sure.
+_ESCAPED_ASCII = re.compile(rb"\\u00[2-7][0-9a-fA-F]")
+
+
 def may_hold_compaction(raw: bytes) -> bool:
     """A cheap look at a body's bytes: False means it holds no compaction item nor trigger
-    (the type is a JSON string, so its name is in the bytes unless escaped; an escaped
-    one is still found once the body is parsed, see `CompactionRequest`)."""
-    return b"compaction" in raw or b"\\u" in raw
+    (their type names are in the bytes, literally or with an escaped letter)."""
+    return b"compaction" in raw or _ESCAPED_ASCII.search(raw) is not None
 
 
 @dataclass(frozen=True)
