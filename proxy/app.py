@@ -30,6 +30,7 @@ from proxy.scenes import SceneSet
 from proxy.serving import AcceptErrors
 from proxy.stages.estimate import EstimateTokens
 from proxy.stages.loop import LoopStage
+from proxy.stages.remote import RemoteCompactor
 from proxy.stages.session import SessionStage
 from proxy.stages.summarize import Summarizer
 from proxy.stages.trim import FitToWindow, TrimStage
@@ -94,6 +95,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
     from proxy.logs import AccessLog
     from proxy.operator import operator_routes
     from proxy.passthrough import Passthrough
+    from proxy.remote_routes import CodexGate, ResponsesCompact
     from proxy.retention import Retention
     from proxy.web import web_routes
 
@@ -123,6 +125,9 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
             clock=clock,
         )
         state.pipeline = Pipeline(build_stages(state))
+        state.remote = RemoteCompactor(
+            config, store, Summarizer(upstreams, config.tenants), load_scenes(config), counter
+        )
         retention: asyncio.Task[None] | None = None
         if config.archive.retention_days > 0:
             retention = asyncio.get_running_loop().create_task(
@@ -163,7 +168,8 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/chat/completions", ChatCompletions(), methods=["POST"]),
-        Route("/v1/responses", ChatCompletions(ResponsesDialect()), methods=["POST"]),
+        Route("/v1/responses", CodexGate(ChatCompletions(ResponsesDialect())), methods=["POST"]),
+        Route("/v1/responses/compact", ResponsesCompact(Passthrough()), methods=["POST"]),
         *operator_routes(),
         *web_routes(config),
         Route(

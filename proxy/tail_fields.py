@@ -64,6 +64,10 @@ class F:
     shortened_messages = "shortened_messages"
     dropped_messages = "dropped_messages"
     manual = "manual_compaction"
+    # Codex remote compaction (planning.remote.RemoteAction: compact, trigger, expanded),
+    # and the summary version answered.
+    remote = "remote_compaction"
+    remote_version = "remote_compaction_version"
     manual_ms = "manual_compaction_ms"
     manual_reason = "manual_compaction_reason"
     # Keys inside one `compactions` object.

@@ -270,6 +270,11 @@ class Store(abc.ABC):
         """Do a real write (for /readyz); raise StoreError if it fails."""
 
     @abc.abstractmethod
+    async def deployment_secret(self) -> bytes:
+        """A random key made on first use and kept, the same for every replica on this store
+        (authenticates the compaction references given to clients; docs/codex.md)."""
+
+    @abc.abstractmethod
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:
         """Serialise compactions of one conversation; other conversations never wait."""
 
