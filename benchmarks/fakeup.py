@@ -36,7 +36,7 @@ from starlette.routing import Route
 from benchmarks.harness import BenchError
 from benchmarks.metrics import Run, Step
 from benchmarks.sessions import Session
-from proxy.compaction.transcript import content_text
+from proxy.planning.transcript import content_text
 from proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream, Recorded, Reply, ReplyOrAwaitable
 

@@ -20,10 +20,6 @@ from starlette.routing import Route
 
 from proxy.archive import ArchiveOriginals, Archiver
 from proxy.boundary import EXCEPTION_HANDLERS, ErrorBoundary
-from proxy.compaction.loop_stage import LoopStage
-from proxy.compaction.session_stage import SessionStage
-from proxy.compaction.summarize import Summarizer
-from proxy.compaction.trim_stage import FitToWindow, TrimStage
 from proxy.config import Config
 from proxy.errors import NotFound
 from proxy.fingerprints import FingerprintCache
@@ -32,7 +28,12 @@ from proxy.offload import MeasureOffLoop
 from proxy.pipeline import Pipeline, Stage
 from proxy.scenes import SceneSet
 from proxy.serving import AcceptErrors
-from proxy.stages import EstimateTokens
+from proxy.stages.estimate import EstimateTokens
+from proxy.stages.loop import LoopStage
+from proxy.stages.remote import RemoteCompactor
+from proxy.stages.session import SessionStage
+from proxy.stages.summarize import Summarizer
+from proxy.stages.trim import FitToWindow, TrimStage
 from proxy.state import AppState
 from proxy.store import StoreError, open_store
 from proxy.tokens import TokenCounter
@@ -90,9 +91,11 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
     """The app for `config`; `clock` (monotonic seconds) times the circuit breakers'
     cool-downs, so a test can advance a fake one instead of sleeping."""
     from proxy.chat import ChatCompletions
+    from proxy.dialects.responses import ResponsesDialect
     from proxy.logs import AccessLog
     from proxy.operator import operator_routes
     from proxy.passthrough import Passthrough
+    from proxy.remote_routes import CodexGate, ResponsesCompact
     from proxy.retention import Retention
     from proxy.web import web_routes
 
@@ -122,6 +125,9 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
             clock=clock,
         )
         state.pipeline = Pipeline(build_stages(state))
+        state.remote = RemoteCompactor(
+            config, store, Summarizer(upstreams, config.tenants), load_scenes(config), counter
+        )
         retention: asyncio.Task[None] | None = None
         if config.archive.retention_days > 0:
             retention = asyncio.get_running_loop().create_task(
@@ -162,6 +168,8 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/chat/completions", ChatCompletions(), methods=["POST"]),
+        Route("/v1/responses", CodexGate(ChatCompletions(ResponsesDialect())), methods=["POST"]),
+        Route("/v1/responses/compact", ResponsesCompact(Passthrough()), methods=["POST"]),
         *operator_routes(),
         *web_routes(config),
         Route(

@@ -43,7 +43,7 @@ from proxy.fingerprints import FingerprintCache
 from proxy.messages import Message
 from proxy.offload import off_loop
 from proxy.pipeline import Exchange, History
-from proxy.stages import count_for_log
+from proxy.stages.estimate import count_for_log
 from proxy.store.base import ConversationRef, EventType, ExchangeRecord, Store, StoreError
 
 log = logging.getLogger("recap.archive")
@@ -135,7 +135,7 @@ class Archiver:
         sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
         if ex.changed:
             rows += self.missing(conv, sent, ex.messages)
-        params_fp, params_json = request_params(ex.body)
+        params_fp, params_json = request_params(ex.params)
         params = [] if params_fp in self._known.known(conv) else [(params_fp, params_json)]
         events: list[tuple[EventType, Mapping[str, Any]]] = [
             (

@@ -75,12 +75,14 @@ class Calibration:
 
 
 def calibrate(state: _HasCalibration, ex: Exchange, answer: Mapping[str, Any]) -> None:
-    """Learn from a successful answer's usage.prompt_tokens against the forwarded estimate."""
+    """Learn from a successful answer's usage (prompt or input tokens) against the
+    forwarded estimate."""
     usage = answer.get("usage")
     estimate = ex.log_fields.get("input_tokens")
     if answer.get("status") != 200 or not isinstance(usage, Mapping):
         return
-    actual = usage.get("prompt_tokens")
+    # Chat's `prompt_tokens`; the Responses API's (and Anthropic's) `input_tokens`.
+    actual = usage.get("prompt_tokens", usage.get("input_tokens"))
     if isinstance(actual, int) and isinstance(estimate, int):
         state.calibration.observe(ex.tenant.name, ex.model, estimate, actual)
 

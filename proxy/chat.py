@@ -1,10 +1,12 @@
-"""`POST /v1/chat/completions`: parse, classify, run the pipeline, forward, stream back.
+"""The compacting routes: parse, classify, run the pipeline, forward, stream back.
 
-The one route where the proxy reads the request. A body it cannot understand (not
-JSON, `messages` missing or not a list) is forwarded byte for byte: the proxy
-never rejects what the upstream might accept, and the log says why it was left
-alone. When a stage rewrites the messages, only `messages` changes in the
-forwarded body; every other field goes through as sent.
+`POST /v1/chat/completions` and `POST /v1/responses`, one instance per API: the API's
+adapter (proxy/dialects/) turns the body into the neutral history and back; all the
+rest (pipeline, archive, retry on overflow, relay) is the same for every API. A body
+the adapter cannot or must not work on (not JSON, no history, a history the upstream
+holds) is forwarded byte for byte: the proxy never rejects what the upstream might
+accept, and the log says why it was left alone. When a stage rewrites the history,
+only the history changes in the forwarded body; every other field goes through as sent.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Any
 import httpx
 
 from proxy.calibration import calibrate
-from proxy.chat_body import ChatBody, decode_body, encode_body, parse_chat
+from proxy.chat_body import ChatBody, decode_body
 from proxy.config import Tenant
-from proxy.error_answer import as_error_event, bounded_read, read_error, replayed
+from proxy.dialects.base import Dialect, Parsed, PassReason, Recorder, Unparsed
+from proxy.dialects.chat import ChatDialect
+from proxy.error_answer import bounded_read, read_error, replayed
 from proxy.errors import RecapError
 from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
@@ -40,8 +44,7 @@ from proxy.relay import (
     read_body,
     until_disconnect,
 )
-from proxy.sse import AnswerRecorder
-from proxy.stages import count_for_log
+from proxy.stages.estimate import count_for_log
 from proxy.state import AppState
 from proxy.upstream import mapped_errors, request_headers, response_headers, upstream_url
 
@@ -54,7 +57,11 @@ def control_of(headers: Mapping[str, str]) -> Control:
 
 
 class ChatCompletions:
-    """ASGI app; the app's long-lived state comes from lifespan state in the scope."""
+    """ASGI app for one API (`dialect`, Chat Completions by default); the app's
+    long-lived state comes from lifespan state in the scope."""
+
+    def __init__(self, dialect: Dialect | None = None) -> None:
+        self.dialect: Dialect = dialect if dialect is not None else ChatDialect()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state: AppState = scope["state"]["recap"]
@@ -70,23 +77,40 @@ class ChatCompletions:
             decoded, why = await decode_body(
                 raw, headers.get("content-encoding", ""), config.max_body_bytes
             )
-            body, kept = None, False
+            dialect = self.dialect
+            parsed: Parsed | Unparsed = Unparsed(PassReason.UNDECODABLE, why)
             if decoded is not None:
                 readable = decoded
-                body, why, kept = await off_loop(len(readable), lambda: parse_chat(readable))
-            incoming = ChatBody(raw, raw if decoded is None else decoded, kept)
+                parsed = await off_loop(len(readable), lambda: dialect.parse(readable))
+            incoming = ChatBody(
+                raw,
+                raw if decoded is None else decoded,
+                isinstance(parsed, Parsed) and parsed.kept_numbers,
+                parsed if isinstance(parsed, Parsed) else None,
+            )
             exchange: Exchange | None = None
-            if body is None:
-                fields["passthrough_reason"] = why
+            if isinstance(parsed, Unparsed):
+                fields["passthrough"] = parsed.reason.value
+                fields["passthrough_reason"] = parsed.detail
                 log.info(
-                    "chat body forwarded unchanged: %s",
-                    why,
+                    "%s body forwarded unchanged: %s",
+                    dialect.name,
+                    parsed.detail,
                     extra={"request_id": fields["request_id"]},
                 )
             else:
-                parsed = body
+                view = parsed
+                body = view.body
                 conv = await off_loop(
-                    len(raw), lambda: conversation_ref(config, tenant, headers, parsed)
+                    len(raw),
+                    lambda: conversation_ref(
+                        config,
+                        tenant,
+                        headers,
+                        view.body,
+                        candidates=dialect.key_fields(view.body),
+                        messages=view.messages,
+                    ),
                 )
                 model = body.get("model") if isinstance(body.get("model"), str) else None
                 exchange = Exchange(
@@ -95,7 +119,9 @@ class ChatCompletions:
                     conversation=conv,
                     headers=headers,
                     body=body,
-                    classification=classify(body["messages"]),
+                    messages=view.messages,
+                    dialect=dialect,
+                    classification=classify(view.messages),
                     # In Recap's tokens, as calibrated from this tenant's usage for the model.
                     context_window=state.calibration.window(
                         tenant.name, model, config.context_window(model)
@@ -109,7 +135,7 @@ class ChatCompletions:
                     conversation=conv.key,
                     model=model,
                     classification=exchange.classification.value,
-                    messages=len(body["messages"]),
+                    messages=len(view.messages),
                 )
             await until_disconnect(
                 receive, self._proxy(state, scope, tenant, incoming, exchange, responder, start)
@@ -161,12 +187,12 @@ class ChatCompletions:
         extra = {"x-recap-overhead-ms": str(overhead_ms)}
         if exchange is not None:
             extra.update(exchange.response_headers)
-        recorder = None
+        recorder: Recorder | None = None
         if exchange is not None and exchange.archive_now is not None:
             ctype = response.headers.get("content-type", "")
-            recorder = AnswerRecorder(
-                streamed=ctype.startswith("text/event-stream"),
-                encoding=response.headers.get("content-encoding", ""),
+            recorder = exchange.dialect.recorder(
+                ctype.startswith("text/event-stream"),
+                response.headers.get("content-encoding", ""),
             )
         try:
             fields["upstream_status"] = response.status_code
@@ -204,10 +230,10 @@ class ChatCompletions:
         await state.pipeline.run(exchange)
         if not exchange.changed:
             return incoming.raw, headers
-        ex = exchange
+        ex, view = exchange, incoming.parsed
+        assert view is not None  # an exchange is made only from a parsed body
         payload = await off_loop(
-            len(incoming.decoded),
-            lambda: encode_body(ex.body, ex.messages, incoming.kept_numbers),
+            len(incoming.decoded), lambda: ex.dialect.render(view, ex.messages)
         )
         # A rewritten body goes up as identity: re-compressing would cost the proxy CPU on
         # every request to save bandwidth on a loopback or LAN hop.
@@ -309,7 +335,7 @@ class ChatCompletions:
         response: httpx.Response,
         responder: Responder,
         extra: dict[str, str],
-        recorder: AnswerRecorder | None,
+        recorder: Recorder | None,
         committed: Awaitable[bool] | None,
         start: float,
         fields: dict[str, Any],
@@ -332,9 +358,7 @@ class ChatCompletions:
                 body = await bounded_read(response)
                 if gate is not None:
                     await gate.end(responder)
-                await responder.chunk(
-                    b"data: " + as_error_event(body, response.status_code) + b"\n\n"
-                )
+                await responder.chunk(self.dialect.error_event(body, response.status_code))
                 await responder.end()
                 return
             if upstream_id:

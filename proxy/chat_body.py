@@ -1,6 +1,7 @@
-"""A chat request's body on the way in: decoded, parsed, and written back when rewritten.
+"""A request's body on the way in: decoded from its Content-Encoding, then parsed.
 
-chat.py reads the bytes; this module says what they hold. The client's own bytes are
+chat.py reads the bytes; this module undoes their encoding (the route's adapter in
+proxy/dialects/ parses them). The client's own bytes are
 kept (`ChatBody.raw`) so an unchanged request goes upstream exactly as it came.
 """
 
@@ -8,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
-from proxy import numbers
+from proxy.dialects.base import Parsed
 from proxy.encoding import TooLarge, Undecodable, can_decode, decode, encodings
 from proxy.errors import PayloadTooLarge
-from proxy.messages import json_bytes
 
 # A compressed body larger than this is decoded in a thread, off the event loop.
 OFF_LOOP_BYTES = 256 * 1024
@@ -29,6 +28,8 @@ class ChatBody:
     decoded: bytes
     # Numbers whose text Python would not write back the same (numbers.py).
     kept_numbers: bool = False
+    # The body in the neutral view, when the route's adapter could parse it.
+    parsed: Parsed | None = None
 
 
 async def decode_body(raw: bytes, content_encoding: str, limit: int) -> tuple[bytes | None, str]:
@@ -49,31 +50,3 @@ async def decode_body(raw: bytes, content_encoding: str, limit: int) -> tuple[by
         ) from None
     except Undecodable as exc:
         return None, f"body is not valid {content_encoding}: {exc}"
-
-
-def parse_chat(raw: bytes) -> tuple[dict[str, Any] | None, str, bool]:
-    """The body as a dict when the proxy can safely work on it, else (None, why not);
-    and whether it holds numbers kept as written (see numbers.py)."""
-    try:
-        body, kept = numbers.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None, "body is not JSON", False
-    except RecursionError:
-        return None, "body is nested too deeply to parse", False
-    if not isinstance(body, dict):
-        return None, "body is not a JSON object", False
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return None, "messages missing or not a list", False
-    if not all(isinstance(m, dict) for m in messages):
-        return None, "a message is not an object", False
-    return body, "", kept
-
-
-def encode_body(body: dict[str, Any], messages: list[Any], kept_numbers: bool = False) -> bytes:
-    """Deterministic serialisation: the same messages give the same bytes (prompt caches)."""
-    out = dict(body)
-    out["messages"] = messages
-    if kept_numbers:
-        return numbers.dumps(out, separators=(",", ":"))
-    return json_bytes(out, separators=(",", ":"))

@@ -125,6 +125,10 @@ class Tenant:
     summarizer: Summarizer = field(default_factory=Summarizer)
     # Scene name -> file path, overriding the shared scenes directory per tenant.
     scenes: Mapping[str, str] = field(default_factory=dict)
+    # Codex remote compaction (`/v1/responses/compact`, `compaction_trigger`, `compaction`
+    # items): "recap" answers it from Recap's own summaries on any upstream; "passthrough"
+    # forwards it untouched, for an upstream that is OpenAI itself (docs/codex.md).
+    remote_compaction: Literal["recap", "passthrough"] = "recap"
 
     @property
     def is_open(self) -> bool:
@@ -175,6 +179,9 @@ class Config:
     # Whether the open tenant (no api_keys) may use the /v1/recap/ routes without a key.
     inspection_open: bool = False
     archive: Archive = field(default_factory=Archive)
+    # Key of the compaction references Recap gives clients (docs/codex.md); empty: one made
+    # on first use and kept in the store, shared by every replica on it.
+    compaction_secret: str = ""
     # Directory the config file was read from; relative paths resolve against it.
     base_dir: str = "."
 
@@ -358,6 +365,8 @@ def _check_operator_keys(config: Config) -> None:
             raise ConfigError(f"admin_keys[{i}]: empty key")
         if key in tenant_keys:
             raise ConfigError(f"admin_keys[{i}]: key also used by tenant {tenant_keys[key]}")
+    if config.compaction_secret and len(config.compaction_secret) < 32:
+        raise ConfigError("compaction_secret: must be at least 32 characters (or empty)")
     if config.archive.retention_days < 0:
         raise ConfigError("archive.retention_days: must be 0 (keep forever) or more")
     if config.archive.prune_interval_s <= 0:

@@ -6,7 +6,6 @@ and still relay it byte for byte, or to report it in-band once a stream has star
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -59,24 +58,3 @@ async def bounded_read(response: httpx.Response) -> bytes:
         if len(out) > MAX_ERROR_BODY:
             break
     return bytes(out)
-
-
-def as_error_event(body: bytes, status: int) -> bytes:
-    """The upstream's own error object when it sent one, else a generic one with its status."""
-    try:
-        parsed = json.loads(body)
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-            return json.dumps(parsed).encode()
-    except ValueError:
-        pass
-    text = body[:2000].decode("utf-8", "replace")
-    return json.dumps(
-        {
-            "error": {
-                "message": text or f"upstream status {status}",
-                "type": "upstream_error",
-                "param": None,
-                "code": status,
-            }
-        }
-    ).encode()

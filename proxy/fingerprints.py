@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from proxy.conversation_ref import ConversationRef
 from proxy.messages import Message, chain_of, fingerprint, split_pinned
 from proxy.recent import RecentlyUsed
-from proxy.store.base import ConversationRef
 
 # What a held message costs at least, whatever its JSON length (dict and str overhead).
 PER_MESSAGE_BYTES = 256

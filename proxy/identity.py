@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.config import Config, Tenant
+from proxy.conversation_ref import ConversationRef
 from proxy.errors import BadRequest, Unauthorized
 from proxy.messages import PINNED_ROLES
-from proxy.store.base import ConversationRef
 
 MAX_KEY_CHARS = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -66,7 +66,9 @@ def _check_sent_key(key: str, source: str) -> str:
     return key
 
 
-def _sent_key(config: Config, headers: Mapping[str, str], body: Any) -> str | None:
+def _sent_key(
+    config: Config, headers: Mapping[str, str], candidates: Sequence[tuple[str, Any]]
+) -> str | None:
     configured = config.conversation_header.lower()
     for name in (configured, "x-session-id"):
         if name in headers and headers[name] != "":
@@ -74,16 +76,25 @@ def _sent_key(config: Config, headers: Mapping[str, str], body: Any) -> str | No
     for name in sorted(headers):
         if _SESSION_HEADER.match(name) and headers[name] != "":
             return _check_sent_key(headers[name], name)
-    if isinstance(body, Mapping):
-        metadata = body.get("metadata")
-        if isinstance(metadata, Mapping):
-            value = metadata.get("conversation_id")
-            if isinstance(value, str) and value:
-                # JSON may carry lone surrogates, which no store can hold as text: keep
-                # them as escapes (headers cannot carry them: they are latin-1).
-                value = value.encode("utf-8", "backslashreplace").decode("utf-8")
-                return _check_sent_key(value, "metadata.conversation_id")
+    # Codex CLI names its session in a plain `session-id` header (`session_id` in some versions).
+    for name in ("session-id", "session_id"):
+        if headers.get(name):
+            return _check_sent_key(headers[name], name)
+    for source, value in candidates:
+        if isinstance(value, str) and value:
+            # JSON may carry lone surrogates, which no store can hold as text: keep
+            # them as escapes (headers cannot carry them: they are latin-1).
+            value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+            return _check_sent_key(value, source)
     return None
+
+
+def chat_key_fields(body: Any) -> list[tuple[str, Any]]:
+    """The conversation key a chat body may carry: `metadata.conversation_id`."""
+    metadata = body.get("metadata") if isinstance(body, Mapping) else None
+    if isinstance(metadata, Mapping):
+        return [("metadata.conversation_id", metadata.get("conversation_id"))]
+    return []
 
 
 DERIVED_PREFIX = "auto-"
@@ -123,11 +134,26 @@ def _canonical(value: Any) -> str:
 
 
 def conversation_ref(
-    config: Config, tenant: Tenant, headers: Mapping[str, str], body: Any
+    config: Config,
+    tenant: Tenant,
+    headers: Mapping[str, str],
+    body: Any,
+    *,
+    candidates: Sequence[tuple[str, Any]] | None = None,
+    messages: Sequence[Any] | None = None,
 ) -> ConversationRef:
-    """The conversation key, always namespaced by tenant (it is part of the ref)."""
-    key = _sent_key(config, headers, body)
+    """The conversation key, always namespaced by tenant (it is part of the ref).
+
+    In order: the configured header, `x-session-id`, any `x-*session-id` header,
+    `session-id`, then what the body carries (`candidates`, the dialect's; by default
+    a chat body's `metadata.conversation_id`), else a key derived from the history
+    in the neutral view (`messages`, by default the body's `messages`).
+    """
+    fields = chat_key_fields(body) if candidates is None else candidates
+    key = _sent_key(config, headers, fields)
     if key is None:
-        messages = body.get("messages") if isinstance(body, Mapping) else None
-        key = _derived_key(messages if isinstance(messages, list) else [])
+        if messages is None:
+            found = body.get("messages") if isinstance(body, Mapping) else None
+            messages = found if isinstance(found, list) else []
+        key = _derived_key(messages)
     return ConversationRef(tenant=tenant.name, key=key)

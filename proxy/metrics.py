@@ -42,6 +42,8 @@ _SUMMARIZER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 def route_of(path: str) -> str:
     if path == "/v1/chat/completions":
         return "chat"
+    if path == "/v1/responses":
+        return "responses"
     if path == "/v1/recap" or path.startswith("/v1/recap/"):
         return "operator"
     if path.startswith("/v1/"):
@@ -53,7 +55,7 @@ def compactions_of(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(layer, outcome) of every compaction attempt one request recorded.
 
     Read from the request's typed outcomes (`compactions` in the log fields, see
-    proxy/compaction/outcome.py); an applied stored summary or a skip is no attempt.
+    proxy/planning/outcome.py); an applied stored summary or a skip is no attempt.
     """
     out: list[tuple[str, str]] = []
     for o in _outcomes(fields):

@@ -27,8 +27,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.compaction.manual import ManualResult, compact_now
-from proxy.compaction.session_stage import SessionStage
 from proxy.config import Config, Tenant
 from proxy.errors import (
     BadRequest,
@@ -42,6 +40,8 @@ from proxy.export import export_lines
 from proxy.identity import bearer_token, is_admin_key, resolve_tenant
 from proxy.inspection import detail, list_page, parse_version, require, rollback, view
 from proxy.logs import log_fields
+from proxy.stages.manual import ManualResult, compact_now
+from proxy.stages.session import SessionStage
 from proxy.state import AppState
 from proxy.store.base import ConversationRef
 

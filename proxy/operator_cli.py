@@ -189,9 +189,9 @@ def cmd_export(config: Config, args: argparse.Namespace) -> int:
 
 def cmd_compact(config: Config, args: argparse.Namespace) -> int:
     from proxy.app import load_scenes, upstream_pool
-    from proxy.compaction.manual import compact_now
-    from proxy.compaction.session_stage import SessionStage
-    from proxy.compaction.summarize import Summarizer
+    from proxy.stages.manual import compact_now
+    from proxy.stages.session import SessionStage
+    from proxy.stages.summarize import Summarizer
     from proxy.tokens import TokenCounter
 
     scenes = load_scenes(config)

@@ -18,10 +18,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from proxy.compaction.outcome import CompactionOutcome, layers
 from proxy.config import Tenant
+from proxy.dialects.base import Dialect
+from proxy.dialects.chat import ChatDialect
 from proxy.measure import Measure
 from proxy.messages import Classification, Message, chain_hashes, split_pinned
+from proxy.planning.outcome import CompactionOutcome, layers
 from proxy.store.base import ConversationRef, StoreError
 
 log = logging.getLogger("recap.pipeline")
@@ -35,7 +37,8 @@ async def _no_notify(_: str) -> None:
 
 @dataclass
 class Exchange:
-    """One chat request on its way through the proxy."""
+    """One request on its way through the proxy; `messages` is its history in the
+    neutral view of `dialect` (proxy/dialects/), `body` the API's own object."""
 
     request_id: str
     tenant: Tenant
@@ -49,6 +52,8 @@ class Exchange:
     # Length of the body as the client sent it (what keeping its messages costs).
     body_bytes: int = 0
     messages: list[Message] = field(default_factory=list)
+    # The API the request speaks: where its history sits in `body`, how it is written back.
+    dialect: Dialect = field(default_factory=ChatDialect)
     # Keep-alive / progress notes for the client (SSE comments when streaming).
     notify: Callable[[str], Awaitable[None]] = _no_notify
     # Fields for the request's log line, and extra response headers.
@@ -70,7 +75,8 @@ class Exchange:
     archive_failed: bool = False
 
     def __post_init__(self) -> None:
-        if not self.messages:
+        if not self.messages and isinstance(self.dialect, ChatDialect):
+            # Built from a chat body alone (tests, the operator's manual compaction).
             self.messages = list(self.body.get("messages") or [])
         self.original: list[Message] = self.messages
 
@@ -95,6 +101,11 @@ class Exchange:
     def model(self) -> str | None:
         model = self.body.get("model")
         return model if isinstance(model, str) else None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The request's fields other than its history (model, tools, sampling, ...)."""
+        return {k: v for k, v in self.body.items() if k != self.dialect.history_key}
 
     @property
     def stream(self) -> bool:

@@ -11,6 +11,7 @@ from proxy.calibration import Calibration
 from proxy.config import Config
 from proxy.fingerprints import FingerprintCache
 from proxy.pipeline import Pipeline
+from proxy.stages.remote import RemoteCompactor
 from proxy.store.base import Store
 from proxy.tokens import TokenCounter
 from proxy.upstream import UpstreamPool
@@ -29,3 +30,5 @@ class AppState:
     calibration: Calibration = field(default_factory=Calibration)
     # Monotonic seconds for the request path's cool-downs (circuit breakers); tests fake it.
     clock: Callable[[], float] = time.monotonic
+    # Codex remote compaction (proxy/remote_routes.py), built with the pipeline.
+    remote: RemoteCompactor | None = None

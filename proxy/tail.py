@@ -173,7 +173,7 @@ def request_line(f: Mapping[str, Any], style: Style = PLAIN) -> str:
     where = tenant if conversation is None else f"{tenant}/{conversation}"
     cells = [style.dim(clock(f.get(F.ts))), code, f"{_clip(where, WHERE_WIDTH):<{WHERE_WIDTH}}"]
     path = str(f.get(F.path) or "")
-    if path == "/v1/chat/completions" or f.get(F.model) is not None:
+    if path in ("/v1/chat/completions", "/v1/responses") or f.get(F.model) is not None:
         cells.append(f"{_clip(str(f.get(F.model) or '-'), MODEL_WIDTH):<{MODEL_WIDTH}}")
     else:
         cells.append(_clip(f"{f.get(F.method) or ''} {path}".strip(), 48))

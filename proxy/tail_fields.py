@@ -1,7 +1,7 @@
 """The log line's vocabulary as `recap tail` reads it: field names and codes in words.
 
 Beside `tail.py`: the server writes these fields (`logs.py`, the stages' typed outcomes
-rendered by `compaction/outcome.py`); keeping their names in one table means a renamed
+rendered by `planning/outcome.py`); keeping their names in one table means a renamed
 field is one edit, and `words` turns the codes a reader meets into plain language.
 """
 
@@ -38,7 +38,8 @@ class F:
     total_ms = "total_ms"
     upstream_status = "upstream_status"
     error = "error"
-    passthrough_reason = "passthrough_reason"
+    passthrough = "passthrough"  # why the body went up untouched, typed (dialects.PassReason)
+    passthrough_reason = "passthrough_reason"  # the same, in words
     client_disconnected = "client_disconnected"
     summary_version = "summary_version"
     session_trigger = "session_trigger"
@@ -63,6 +64,10 @@ class F:
     shortened_messages = "shortened_messages"
     dropped_messages = "dropped_messages"
     manual = "manual_compaction"
+    # Codex remote compaction (planning.remote.RemoteAction: compact, trigger, expanded),
+    # and the summary version answered.
+    remote = "remote_compaction"
+    remote_version = "remote_compaction_version"
     manual_ms = "manual_compaction_ms"
     manual_reason = "manual_compaction_reason"
     # Keys inside one `compactions` object.

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from proxy.compaction.framing import FRAME_OPEN, defuse
-from proxy.compaction.trim import ARCHIVE_SCHEME
 from proxy.conversation import check_history
 from proxy.messages import chain_hashes, fingerprint, is_pinned, split_pinned
+from proxy.planning.framing import FRAME_OPEN, defuse
+from proxy.planning.trim import ARCHIVE_SCHEME
 
 
 def _rows(db: Path, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:

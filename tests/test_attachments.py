@@ -21,9 +21,9 @@ import openai
 import pytest
 
 from proxy import attachments
-from proxy.compaction.trim import ARCHIVE_SCHEME, plan_trim
 from proxy.config import TrimCompaction
 from proxy.messages import fingerprint
+from proxy.planning.trim import ARCHIVE_SCHEME, plan_trim
 from proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream
 

@@ -64,6 +64,11 @@ def test_unknown_keys_rejected_by_name(data: dict, name: str) -> None:
             "also used by tenant a",
         ),
         ({"tenants": {"a": {}, "b": {}}}, "at most one tenant may be open"),
+        (
+            {"tenants": {"a": {"remote_compaction": "openai"}}},
+            "tenants.a.remote_compaction: must be one of recap, passthrough",
+        ),
+        ({"compaction_secret": "short"}, "compaction_secret: must be at least 32"),
     ],
 )
 def test_bad_values_rejected_with_key(data: dict, fragment: str) -> None:

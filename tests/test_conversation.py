@@ -30,7 +30,7 @@ from proxy.conversation import (
 Msg = dict[str, Any]
 
 
-# --- shared helpers (imported by tests/compaction/test_{session,loop,trim}.py) --------------
+# --- shared helpers (imported by tests/planning/test_{session,loop,trim}.py) --------------
 
 
 def count(m: Any) -> int:

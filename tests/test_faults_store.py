@@ -31,12 +31,12 @@ import yaml
 
 from proxy.app import create_app
 from proxy.archive import Archiver
-from proxy.compaction.framing import FRAME_CLOSE, FRAME_OPEN
 from proxy.config import parse_config
 from proxy.conversation import check_history
 from proxy.measure import Measure
 from proxy.messages import Classification, chain_hashes, fingerprint, split_pinned
 from proxy.pipeline import Exchange
+from proxy.planning.framing import FRAME_CLOSE, FRAME_OPEN
 from proxy.store import ConversationRef, SqliteStore, StoreError
 from proxy.store.base import ExchangeRecord
 from proxy.tokens import TokenCounter

@@ -33,24 +33,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.app import create_app
-from proxy.compaction.framing import (
-    FRAME_CLOSE,
-    FRAME_OPEN,
-    check_summary,
-    extract_summary,
-    summary_message,
-)
-from proxy.compaction.guard import guard_summary
-from proxy.compaction.loop import LoopState, loop_view, plan_loop
-from proxy.compaction.session import AppliedSummary, plan_session, session_view
-from proxy.compaction.transcript import detect_language, render_transcript
-from proxy.compaction.trim import apply_trim, fit_to_window, plan_trim
 from proxy.config import LoopCompaction, SessionCompaction, TrimCompaction, parse_config
 from proxy.conversation import check_history, turn_starts
 from proxy.errors import BadRequest
 from proxy.fingerprints import FingerprintCache
 from proxy.identity import MAX_KEY_CHARS, conversation_ref
 from proxy.messages import chain_hashes, classify, fingerprint, split_pinned
+from proxy.planning.framing import (
+    FRAME_CLOSE,
+    FRAME_OPEN,
+    check_summary,
+    extract_summary,
+    summary_message,
+)
+from proxy.planning.guard import guard_summary
+from proxy.planning.loop import LoopState, loop_view, plan_loop
+from proxy.planning.session import AppliedSummary, plan_session, session_view
+from proxy.planning.transcript import detect_language, render_transcript
+from proxy.planning.trim import apply_trim, fit_to_window, plan_trim
 from proxy.store.base import ConversationRef
 from proxy.tokens import TokenCounter
 from tests.conftest import LogCapture

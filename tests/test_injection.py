@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.framing import FRAME_CLOSE, FRAME_OPEN
 from proxy.conversation import check_history
+from proxy.planning.framing import FRAME_CLOSE, FRAME_OPEN
 from tests.faults import Answer, SummarizerFake, history, post, summaries_in
 
 ATTACKS = [

@@ -23,8 +23,8 @@ from benchmarks.fakeup import (
 from benchmarks.metrics import Figures, Run, Step, Weigher, add_run, common_prefix, retention
 from benchmarks.sessions import Fact, Session, chain, facts_of, generate, model_calls
 from benchmarks.strategies import middle_out, no_compaction, sliding_window
-from proxy.compaction.framing import check_summary, extract_summary
 from proxy.conversation import check_history, valid_cut_points
+from proxy.planning.framing import check_summary, extract_summary
 from proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import serve

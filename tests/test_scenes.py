@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from proxy.app import load_scenes
-from proxy.compaction.transcript import render_transcript
 from proxy.config import load_config
+from proxy.planning.transcript import render_transcript
 from proxy.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
 
 SCENES_DIR = Path(__file__).resolve().parent.parent / "proxy" / "scenes_default"

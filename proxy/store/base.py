@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
 
+from proxy.conversation_ref import ConversationRef as ConversationRef
+
 Layer = Literal["session", "loop", "trim", "fit_to_window", "manual"]
 Outcome = Literal["ok", "failed", "skipped"]
 EventType = Literal[
@@ -55,14 +57,6 @@ def translating(
         raise StoreError(str(exc)) from exc
     except foreign as exc:
         raise StoreError(reason(exc)) from exc
-
-
-@dataclass(frozen=True)
-class ConversationRef:
-    """A conversation is identified by its tenant and the client's key within that tenant."""
-
-    tenant: str
-    key: str
 
 
 @dataclass(frozen=True)
@@ -274,6 +268,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def check_writable(self) -> None:
         """Do a real write (for /readyz); raise StoreError if it fails."""
+
+    @abc.abstractmethod
+    async def deployment_secret(self) -> bytes:
+        """A random key made on first use and kept, the same for every replica on this store
+        (authenticates the compaction references given to clients; docs/codex.md)."""
 
     @abc.abstractmethod
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:

@@ -172,6 +172,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    # Values set once per deployment and shared by every replica on this store: the key
+    # that authenticates the compaction references Recap hands to clients (docs/codex.md).
+    Migration(
+        4,
+        "per-deployment values",
+        ("CREATE TABLE deployment (name TEXT NOT NULL PRIMARY KEY, value TEXT NOT NULL)",),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -151,6 +151,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    # As SQLite's migration 4: values set once per deployment (the compaction-reference key).
+    Migration(
+        4,
+        "per-deployment values",
+        (
+            'CREATE TABLE deployment (name TEXT COLLATE "C" NOT NULL PRIMARY KEY,'
+            " value TEXT NOT NULL)",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

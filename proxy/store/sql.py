@@ -28,6 +28,7 @@ import abc
 import asyncio
 import dataclasses
 import json
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
@@ -51,6 +52,9 @@ from proxy.store.base import (
 )
 
 T = TypeVar("T")
+
+# The `deployment` row holding the compaction-reference key.
+_SECRET = "compaction_secret"
 
 
 class Tx(Protocol):
@@ -207,6 +211,29 @@ class SqlStore(Store):
     async def _fetch_one(self, sql: str, params: Sequence[Any]) -> Sequence[Any] | None:
         rows = await self._fetch(sql, params)
         return rows[0] if rows else None
+
+    async def deployment_secret(self) -> bytes:
+        sql = "SELECT value FROM deployment WHERE name = ?"
+        row = await self._fetch_one(sql, (_SECRET,))
+        if row is None:
+            made = secrets.token_hex(32)
+
+            async def write(tx: Tx) -> None:
+                # Two replicas starting at once: the first write wins, both read it back.
+                await tx.execute(
+                    "INSERT INTO deployment (name, value) VALUES (?, ?)"
+                    " ON CONFLICT (name) DO NOTHING",
+                    (_SECRET, made),
+                )
+
+            await self._transact(write)
+            row = await self._fetch_one(sql, (_SECRET,))
+        if row is None:
+            raise StoreError("the deployment secret was not kept")
+        try:
+            return bytes.fromhex(str(row[0]))
+        except ValueError:
+            raise StoreError("the stored deployment secret is not hex") from None
 
     async def summary_versions(self, conv: ConversationRef) -> list[SummaryVersion]:
         rows = await self._fetch(

@@ -113,6 +113,7 @@ TABLES: tuple[Table, ...] = (
         ),
         "tenant, key, turn_hash, covered_rounds, covers_hash",
     ),
+    Table("deployment", ("name", "value"), "name"),
 )
 
 _BATCH = 1000

@@ -833,3 +833,24 @@ def test_store_urls(tmp_path: Path) -> None:
     with pytest.raises(StoreError) as caught:
         open_store("mysql://user:secret@db/recap", base)
     assert "secret" not in str(caught.value)
+
+
+async def test_the_deployment_secret_is_made_once_and_kept(
+    store_factory: Callable[[], Store],
+) -> None:
+    first, second = store_factory(), store_factory()
+    await first.open()
+    await second.open()
+    try:
+        # Two replicas asking at once agree on one secret.
+        a, b = await asyncio.gather(first.deployment_secret(), second.deployment_secret())
+        assert a == b and len(a) == 32
+    finally:
+        await first.close()
+        await second.close()
+    again = store_factory()
+    await again.open()
+    try:
+        assert await again.deployment_secret() == a
+    finally:
+        await again.close()

@@ -18,13 +18,13 @@ import json
 import logging
 from typing import Literal
 
-from proxy.compaction.audit import audit
-from proxy.compaction.fidelity import plan_fidelity
-from proxy.compaction.outcome import CompactionOutcome
-from proxy.compaction.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
 from proxy.conversation import turn_starts
 from proxy.messages import Message, fingerprint
 from proxy.pipeline import Exchange
+from proxy.planning.fidelity import plan_fidelity
+from proxy.planning.outcome import CompactionOutcome
+from proxy.planning.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
+from proxy.stages.audit import audit
 from proxy.store.base import CompactionRecord, Store
 
 log = logging.getLogger("recap.trim")
@@ -78,7 +78,7 @@ class TrimStage:
 
 
 def output_reserve(ex: Exchange) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ex.dialect.output_limit_keys:
         value = ex.body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return min(value, ex.context_window // 2)

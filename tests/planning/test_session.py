@@ -1,4 +1,4 @@
-"""Tests for proxy.compaction.session: replaying real and generated conversations turn by turn.
+"""Tests for proxy.planning.session: replaying real and generated conversations turn by turn.
 
 The replay plays client and store: each turn-starting prefix of a conversation is a request;
 a compaction's result is "stored" and applied to later requests whose body still starts with
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.session import AppliedSummary, SessionPlan, plan_session, session_view
 from proxy.config import SessionCompaction
 from proxy.conversation import tool_rounds, turn_cut_points, turn_starts, valid_cut_points
 from proxy.messages import Classification, Message, classify, split_pinned
+from proxy.planning.session import AppliedSummary, SessionPlan, plan_session, session_view
 from proxy.tokens import TokenCounter
 from tests.test_conversation import (
     assert_valid,

@@ -14,13 +14,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.outcome import in_words
-from proxy.compaction.session_stage import SessionStage
 from proxy.config import Config, Tenant
 from proxy.errors import CompactionFailed, Conflict, NotFound
 from proxy.measure import Measure
 from proxy.messages import classify
 from proxy.pipeline import Exchange
+from proxy.planning.outcome import in_words
+from proxy.stages.session import SessionStage
 from proxy.store.base import ConversationRef, Store
 
 

@@ -20,9 +20,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.compaction.transcript import head_tail
-from proxy.compaction.trim import ARCHIVE_SCHEME
 from proxy.messages import Message, fingerprint
+from proxy.planning.transcript import head_tail
+from proxy.planning.trim import ARCHIVE_SCHEME
 
 
 def plan_fidelity(

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from proxy.compaction.outcome import CompactionOutcome, in_words, layers, log_fields
+from proxy.planning.outcome import CompactionOutcome, in_words, layers, log_fields
 from tests.conftest import LogCapture
 from tests.faults import SummarizerFake, history, post, summaries_in
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.compaction.fidelity import plan_fidelity
-from proxy.compaction.trim import TrimPlan, apply_trim
 from proxy.conversation import check_history
+from proxy.planning.fidelity import plan_fidelity
+from proxy.planning.trim import TrimPlan, apply_trim
 
 
 def history() -> list[dict[str, Any]]:

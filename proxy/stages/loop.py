@@ -28,17 +28,17 @@ import logging
 import time
 from collections.abc import Mapping
 
-from proxy.compaction.audit import audit
-from proxy.compaction.framing import prompt_chars, summary_message
-from proxy.compaction.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
-from proxy.compaction.outcome import CompactionOutcome, log_started
-from proxy.compaction.summarize import Summarizer, SummarizerFailed, SummaryResult
-from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.config import LoopCompaction
 from proxy.conversation import is_turn_start, tool_rounds, turn_starts
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
+from proxy.planning.framing import prompt_chars, summary_message
+from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
+from proxy.planning.outcome import CompactionOutcome, log_started
+from proxy.planning.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.scenes import SceneSet
+from proxy.stages.audit import audit
+from proxy.stages.summarize import Summarizer, SummarizerFailed, SummaryResult
 from proxy.store.base import CompactionRecord, LoopSummary, Store
 
 log = logging.getLogger("recap.loop")

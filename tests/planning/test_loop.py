@@ -1,4 +1,4 @@
-"""Tests for proxy.compaction.loop: a tool loop replayed step by step, as a client sends it."""
+"""Tests for proxy.planning.loop: a tool loop replayed step by step, as a client sends it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.loop import LoopPlan, LoopState, loop_view, plan_loop
 from proxy.config import LoopCompaction
 from proxy.conversation import tool_rounds, turn_starts
 from proxy.messages import Classification, Message, classify
+from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop
 from tests.test_conversation import assert_valid, by_task, call, chain, count, tool_loop
 
 POLICY = LoopCompaction()  # 5 rounds to trigger beyond 5 kept

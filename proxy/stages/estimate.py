@@ -1,14 +1,14 @@
 """The built-in stage that needs no store or model: token estimation (always last).
 
-Compaction stages live in proxy/compaction/stages.py; both are assembled into one
+Compaction stages live in proxy/stages/ (one module each); all are assembled into one
 list by `app.build_stages`.
 """
 
 from __future__ import annotations
 
-from proxy.compaction.outcome import in_words
-from proxy.compaction.outcome import log_fields as outcome_fields
 from proxy.pipeline import Exchange
+from proxy.planning.outcome import in_words
+from proxy.planning.outcome import log_fields as outcome_fields
 
 
 def count_for_log(exchange: Exchange) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.guard import NOTE, SECTION, critical_references, guard_summary
+from proxy.planning.guard import NOTE, SECTION, critical_references, guard_summary
 from tests.trajectories import DATA, sessions
 
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")

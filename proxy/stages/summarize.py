@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx
 
-from proxy.compaction.framing import check_summary, extract_summary
-from proxy.compaction.guard import guard_summary
 from proxy.config import Tenant
 from proxy.errors import RecapError
 from proxy.messages import json_bytes
+from proxy.planning.framing import check_summary, extract_summary
+from proxy.planning.guard import guard_summary
 from proxy.scenes import Scene, render
 from proxy.store.base import ConversationRef
 from proxy.upstream import UpstreamPool, mapped_errors, upstream_url

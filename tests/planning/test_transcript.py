@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.compaction.transcript import detect_language, head_tail, render_transcript
+from proxy.planning.transcript import detect_language, head_tail, render_transcript
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "taubench-airline-dev.jsonl"
 RESULT = re.compile(r"^Tool result \[([^\]]*)\]: ", re.MULTILINE)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.transcript import content_text
+from proxy.planning.transcript import content_text
 
 SECTION = "## Important References"
 

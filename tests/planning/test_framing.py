@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.compaction.framing import (
+from proxy.planning.framing import (
     FRAME_CLOSE,
     FRAME_OPEN,
     _fold,

@@ -23,17 +23,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from proxy.compaction.audit import audit
-from proxy.compaction.framing import prompt_chars, summary_message
-from proxy.compaction.outcome import CompactionOutcome, log_started
-from proxy.compaction.session import AppliedSummary, SessionPlan, plan_session, session_view
-from proxy.compaction.summarize import Breaker, Summarizer, SummarizerFailed, SummaryResult
-from proxy.compaction.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.config import SessionCompaction, Tenant
 from proxy.identity import is_derived
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
+from proxy.planning.framing import prompt_chars, summary_message
+from proxy.planning.outcome import CompactionOutcome, log_started
+from proxy.planning.session import AppliedSummary, SessionPlan, plan_session, session_view
+from proxy.planning.transcript import content_text, detect_language, head_tail, render_transcript
 from proxy.scenes import SceneSet
+from proxy.stages.audit import audit
+from proxy.stages.summarize import Breaker, Summarizer, SummarizerFailed, SummaryResult
 from proxy.store.base import CompactionRecord, NewSummary, Store, SummaryVersion
 from proxy.tokens import TokenCounter
 

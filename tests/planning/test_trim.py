@@ -1,4 +1,4 @@
-"""Tests for proxy.compaction.trim: placeholders for old tool results, and the last resort."""
+"""Tests for proxy.planning.trim: placeholders for old tool results, and the last resort."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.compaction.trim import (
+from proxy.config import TrimCompaction
+from proxy.conversation import check_history, tool_rounds, turn_starts
+from proxy.messages import Message, fingerprint
+from proxy.planning.trim import (
     ARCHIVE_SCHEME,
     TrimPlan,
     apply_trim,
@@ -17,9 +20,6 @@ from proxy.compaction.trim import (
     plan_trim,
     trimmed_content,
 )
-from proxy.config import TrimCompaction
-from proxy.conversation import check_history, tool_rounds, turn_starts
-from proxy.messages import Message, fingerprint
 from tests.test_conversation import (
     assert_valid,
     by_task,

@@ -1,0 +1,83 @@
+"""The dialect seam: what an API adapter gives the route and the planners.
+
+See the package docstring for the neutral view. A body an adapter cannot or must not
+work on is `Unparsed`, with a typed reason: the route forwards it as it came and logs
+the reason (the first law: the proxy never rejects what the upstream might accept).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from proxy.messages import Message
+
+
+class PassReason(enum.StrEnum):
+    """Why a body went upstream untouched (the log's `passthrough` field)."""
+
+    UNDECODABLE = "undecodable"  # a Content-Encoding the proxy cannot read, or broken
+    NOT_JSON = "not_json"
+    NOT_OBJECT = "not_object"
+    NO_HISTORY = "no_history"  # the history field is missing or of the wrong type
+    BAD_ITEM = "bad_item"  # an entry of the history is not an object
+    SERVER_HISTORY = "server_history"  # the history is held by the upstream (Responses)
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    reason: PassReason
+    # In words, for the log's `passthrough_reason`.
+    detail: str
+
+
+@dataclass
+class Parsed:
+    """A body the proxy works on: the JSON object, and its history in the neutral view."""
+
+    body: dict[str, Any]
+    messages: list[Message]
+    # Numbers whose text Python would not write back the same (proxy.numbers).
+    kept_numbers: bool = False
+    # id(neutral message) -> the API's own entries it stands for, in order (adapters
+    # whose entries are not already neutral messages). The messages themselves are
+    # held in `messages`, so the ids stay unique while this lives.
+    sources: dict[int, list[Any]] = field(default_factory=dict)
+
+
+class Recorder(Protocol):
+    """Reads the upstream's answer as it is relayed (a copy, bounded)."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def result(self) -> dict[str, Any]:
+        """The archived answer; `usage.prompt_tokens` (when known) feeds calibration."""
+        ...
+
+
+class Dialect(Protocol):
+    """One API: how its requests map onto the neutral view and back."""
+
+    # The route's name in logs and metrics ("chat", "responses").
+    name: str
+    # The body field holding the history ("messages", "input"): archived apart.
+    history_key: str
+    # Body fields naming the most output tokens the client allows (the fit keeps room).
+    output_limit_keys: tuple[str, ...]
+
+    def parse(self, raw: bytes) -> Parsed | Unparsed: ...
+
+    def render(self, parsed: Parsed, messages: Sequence[Message]) -> bytes: ...
+
+    def key_fields(self, body: Mapping[str, Any]) -> list[tuple[str, Any]]:
+        """(source, value) candidates for the conversation key that the body carries,
+        in order of precedence (after the headers)."""
+        ...
+
+    def recorder(self, streamed: bool, encoding: str) -> Recorder: ...
+
+    def error_event(self, body: bytes, status: int) -> bytes:
+        """An upstream error as SSE bytes of this API, once the stream has started."""
+        ...
