@@ -436,9 +436,11 @@ class SqlStore(Store):
             return 0
         now = self._clock()
 
+        rows = await storable_rows(unique(messages))
+
         async def body(tx: Tx) -> int:
             await touch(tx, conv, now)
-            return await add_archived(tx, "messages", conv, messages, now)
+            return await add_archived(tx, "messages", conv, rows, now)
 
         return await self._transact(body)
 
@@ -449,19 +451,29 @@ class SqlStore(Store):
         # Conversation rows are locked in key order, the same in every replica, so two
         # batches never wait on each other in a cycle. Stable: each one's events keep order.
         ordered = sorted(items, key=lambda i: (i.conversation.tenant, i.conversation.key))
+        # The rows as the database holds them, made before the transaction: the body only
+        # writes (a backend may run it whole on its own thread).
+        prepared = [
+            (
+                item.conversation,
+                await storable_rows(unique(item.messages)),
+                await storable_rows(unique(item.params)),
+                [(t, payload_json(p)) for t, p in item.events],
+            )
+            for item in ordered
+        ]
 
         async def body(tx: Tx) -> None:
-            for item in ordered:
-                conv = item.conversation
+            for conv, messages, params, events in prepared:
                 await touch(tx, conv, now)
-                await add_archived(tx, "messages", conv, item.messages, now)
-                await add_archived(tx, "request_params", conv, item.params, now)
-                if item.events:
+                await add_archived(tx, "messages", conv, messages, now)
+                await add_archived(tx, "request_params", conv, params, now)
+                if events:
                     await tx.insert_rows(
                         "events",
                         {"tenant": conv.tenant, "key": conv.key, "created_at": now},
                         ("type", "payload"),
-                        [(t, payload_json(p)) for t, p in item.events],
+                        events,
                     )
 
         await self._transact(body)
@@ -616,22 +628,26 @@ async def touch(tx: Tx, conv: ConversationRef, now: float) -> None:
     )
 
 
-async def add_archived(
-    tx: Tx, table: str, conv: ConversationRef, items: Sequence[tuple[str, str]], now: float
-) -> int:
-    """Insert-or-ignore (fingerprint, JSON) rows of `messages` or `request_params` in the
-    given order (the first body of a repeated fingerprint wins); new messages are counted
-    on the conversation."""
-    unique: dict[str, str] = {}
+def unique(items: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(fingerprint, JSON) rows, each fingerprint once: the first body of a repeated one."""
+    first: dict[str, str] = {}
     for fp, body in items:
-        unique.setdefault(fp, body)
-    if not unique:
+        first.setdefault(fp, body)
+    return list(first.items())
+
+
+async def add_archived(
+    tx: Tx, table: str, conv: ConversationRef, rows: Sequence[tuple[str, str]], now: float
+) -> int:
+    """Insert-or-ignore (fingerprint, storable JSON) rows of `messages` or `request_params`
+    (`unique`, `storable_rows`), in order; new messages are counted on the conversation."""
+    if not rows:
         return 0
     added = await tx.insert_rows(
         table,
         {"tenant": conv.tenant, "key": conv.key, "first_seen_at": now},
         ("fingerprint", "body"),
-        await storable_rows(list(unique.items())),
+        rows,
         " ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
     )
     if added and table == "messages":
