@@ -8,7 +8,11 @@ directory). While one client sends a pathological chat request, two probes run b
 
     healthz   GET /healthz every 10 ms, one at a time; its delay is the response time
               (an idle server answers in about 1 ms, so the delay is what the loop owed)
-    chat      a small chat request of another conversation every 50 ms, one at a time
+    chat      a small chat request of another tenant every 50 ms, one at a time; that
+              tenant has its own fake upstream (another process), so the figure is what
+              Recap delayed it, not the big request's upstream parsing 30 MB on its loop.
+              It also waits for its archive record to commit (the final bytes do), and
+              SQLite has one writer: the big request's record is written first.
 
 Each pathological case runs `--rounds` times; the figure is the worst probe delay seen while
 the big request was in flight, and its p99. Target: no probe delayed more than 50 ms.
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 
 from benchmarks.harness import (
     REPO,
@@ -53,6 +58,7 @@ from benchmarks.harness import (
     git_revision,
     percentile,
     running,
+    write_config,
 )
 from benchmarks.overhead import recap_config
 
@@ -102,6 +108,18 @@ CASES: dict[str, Callable[[], str]] = {
 }
 
 
+PROBE_KEY = "sk-looplag-probe"
+
+
+def looplag_config(big_upstream: str, probe_upstream: str, workdir: Path) -> Path:
+    """`recap_config`'s open tenant for the big request, and the probe's own tenant."""
+    config = recap_config(big_upstream, "sqlite", workdir)
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    upstream = {**data["tenants"]["default"]["upstream"], "base_url": probe_upstream + "/v1"}
+    data["tenants"]["probe"] = {"api_keys": [PROBE_KEY], "upstream": upstream}
+    return write_config(config, data)
+
+
 def chat_body(text: str, conversation: str) -> bytes:
     return json.dumps(
         {"model": "gpt-4o", "messages": [{"role": "user", "content": text}], "user": conversation}
@@ -146,7 +164,13 @@ async def one_round(base: str, case: str, body: bytes, timeout: float, n: int) -
         small = chat_body("What is on my calendar today?", "probe")
         # Warm the probes' connections first, so their first delay is not a connect.
         await client.get(base + "/healthz")
+        probe_headers = {
+            "content-type": "application/json",
+            "x-conversation-id": "probe",
+            "authorization": f"Bearer {PROBE_KEY}",
+        }
         await client.post(base + "/v1/chat/completions", content=small, headers=headers)
+        await client.post(base + "/v1/chat/completions", content=small, headers=probe_headers)
         stop = asyncio.Event()
         health = asyncio.ensure_future(
             probe_loop(client, lambda: client.get(base + "/healthz"), HEALTHZ_EVERY_S, stop)
@@ -157,7 +181,7 @@ async def one_round(base: str, case: str, body: bytes, timeout: float, n: int) -
                 lambda: client.post(
                     base + "/v1/chat/completions",
                     content=small,
-                    headers={"content-type": "application/json", "x-conversation-id": "probe"},
+                    headers=probe_headers,
                 ),
                 CHAT_EVERY_S,
                 stop,
@@ -209,13 +233,21 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         f"target: no probe delayed more than {TARGET_MS:.0f} ms\n",
         flush=True,
     )
-    up_port, recap_port = free_port(), free_port()
+    up_port, probe_port, recap_port = free_port(), free_port(), free_port()
     worst = 0.0
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(
             running("upstream", fake_command("benchmarks.overhead", up_port), up_port, workdir)
         )
-        config = recap_config(upstream.url, "sqlite", workdir)
+        probe_upstream = stack.enter_context(
+            running(
+                "probe-upstream",
+                fake_command("benchmarks.overhead", probe_port),
+                probe_port,
+                workdir,
+            )
+        )
+        config = looplag_config(upstream.url, probe_upstream.url, workdir)
         recap = stack.enter_context(
             running("recap", recap_command(root, config, recap_port), recap_port, workdir)
         )

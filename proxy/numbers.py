@@ -18,6 +18,8 @@ import json
 import secrets
 from typing import Any
 
+from proxy import longjson
+
 
 class LiteralFloat(float):
     text: str
@@ -56,7 +58,13 @@ def loads(raw: bytes | str) -> tuple[Any, bool]:
         out.text = text
         return out
 
-    value = json.loads(raw, parse_float=parse_float, parse_int=parse_int, parse_constant=_not_json)
+    # longjson.loads: json.loads with long strings decoded in slices (a GIL-sharing thread).
+    hooks: dict[str, Any] = {
+        "parse_float": parse_float,
+        "parse_int": parse_int,
+        "parse_constant": _not_json,
+    }
+    value = json.loads(raw, **hooks) if isinstance(raw, str) else longjson.loads(raw, **hooks)
     return value, kept
 
 

@@ -6,9 +6,10 @@ messages (the `measure_off_loop` stage, first in the pipeline); and the archive 
 (the archive stage). Under `OFF_LOOP_BYTES` a body parses and counts in well under a
 millisecond, cheaper than a hop to a worker thread (about 50 µs) would be; past it, the work
 goes to `asyncio.to_thread`. In a thread the loop still needs the GIL: tiktoken and
-hashlib release it, JSON is written in slices (`proxy.longjson`), and each text's count is
-bounded (`proxy.textcount`); `json.loads` of one huge string is the one step that holds it
-(about 50 ms for a 30 MB string).
+hashlib release it, JSON is read and written in slices (`proxy.longjson`), and each text's
+count is bounded (`proxy.textcount`). What still holds it in one piece is making or
+copying one huge string as a whole (joining its slices, SQLite binding it): about 20 ms
+for 30 MB on the reference machine (docs/benchmarks.md, loop lag).
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ they talk to. What differs is what crossing process boundaries needs:
   on later calls, at most once a second, while those calls fail at once.
 
 Errors become `StoreError` and text is made storable at one boundary (`pg_boundary.py`).
-The reads and most writes are shared with SQLite (`sql.py`); this module is the driver
-under them and what only PostgreSQL needs: pools, advisory locks, bulk statements.
+Every query is shared with SQLite (`sql.py`); this module is the driver under them
+(`_fetch`, `_fetch_in`, `_transact` and its `Tx`) and what only PostgreSQL needs:
+pools, advisory locks, bulk statements (unnest, `= ANY` arrays), retried transactions.
 """
 
 from __future__ import annotations
@@ -37,32 +38,13 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from proxy.store.base import (
-    ConversationRef,
-    EventType,
-    ExchangeRecord,
-    StoreError,
-    SummaryVersion,
-    pick_matching,
-)
-from proxy.store.pg_boundary import clean_text, json_text, redact, server_settings, translated
+from proxy.store.base import ConversationRef, StoreError
+from proxy.store.pg_boundary import clean_text, redact, server_settings, translated
 from proxy.store.pg_lock import AdvisoryLocks
 from proxy.store.pg_migrations import migrate
-from proxy.store.sql import (
-    SUMMARY_COLUMNS,
-    SUMMARY_FIELDS,
-    SUMMARY_FROM,
-    SqlStore,
-    Tx,
-    numbered,
-    payload_json,
-    summary,
-    touch,
-)
+from proxy.store.sql import SqlStore, Tx, numbered
 
 log = logging.getLogger("recap.store")
-
-SUMMARY_FROM_PG = numbered(SUMMARY_FROM)
 
 T = TypeVar("T")
 Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
@@ -70,31 +52,6 @@ Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
 # Transactions the server rolled back whole (40001 serialization, 40P01 deadlock): safe to retry.
 _RETRIES = 3
 _RETRY_OPEN_S = 1.0
-
-
-async def _insert_messages(
-    conn: Conn, conv: ConversationRef, messages: Sequence[tuple[str, str]], now: float
-) -> int:
-    """Insert-or-ignore in the given order; count the new ones on the conversation."""
-    unique = dict(reversed(list(messages)))  # the first body of a repeated fingerprint wins
-    fps = list(dict.fromkeys(fp for fp, _ in messages))
-    # One statement: insert, count what was new, add it to the conversation's counter.
-    added: int | None = await conn.fetchval(
-        "WITH new AS ("
-        " INSERT INTO messages (tenant, key, fingerprint, body, first_seen_at)"
-        " SELECT $1, $2, m.fp, m.body, $5"
-        " FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS m (fp, body, ord) ORDER BY m.ord"
-        " ON CONFLICT (tenant, key, fingerprint) DO NOTHING RETURNING 1),"
-        " n AS (SELECT count(*) AS added FROM new)"
-        " UPDATE conversations c SET message_count = c.message_count + n.added FROM n"
-        " WHERE c.tenant = $1 AND c.key = $2 AND n.added > 0 RETURNING n.added",
-        conv.tenant,
-        conv.key,
-        fps,
-        [json_text(unique[fp]) for fp in fps],
-        now,
-    )
-    return added or 0
 
 
 class _Tx:
@@ -109,6 +66,29 @@ class _Tx:
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
         return list(await self.conn.fetch(numbered(sql), *params))
 
+    async def insert_rows(
+        self,
+        table: str,
+        fixed: Mapping[str, Any],
+        columns: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        suffix: str = "",
+    ) -> int:
+        # One statement whatever the number of rows: each text column as one array,
+        # unnested in order; the count of what was new comes back with it.
+        n = len(fixed)
+        shared = [f"${i}" for i in range(1, n + 1)]
+        arrays = [f"${n + i}::text[]" for i in range(1, len(columns) + 1)]
+        added: int = await self.conn.fetchval(
+            f"WITH new AS (INSERT INTO {table} ({', '.join([*fixed, *columns])})"
+            f" SELECT {', '.join([*shared, *(f'r.{c}' for c in columns)])}"
+            f" FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS r ({', '.join(columns)}, ord)"
+            f" ORDER BY r.ord{suffix} RETURNING 1) SELECT count(*) FROM new",
+            *fixed.values(),
+            *([row[i] for row in rows] for i in range(len(columns))),
+        )
+        return added
+
 
 async def _keep_session(conn: Conn) -> None:
     """Pool reset for query connections: they never change session state (no SET, LISTEN
@@ -116,6 +96,9 @@ async def _keep_session(conn: Conn) -> None:
 
 
 class PostgresStore(SqlStore):
+    # Conversation rows another transaction holds are being touched (active): skipped.
+    _prune_lock = " FOR UPDATE SKIP LOCKED"
+
     def __init__(
         self,
         url: str,
@@ -232,12 +215,12 @@ class PostgresStore(SqlStore):
             async with pool.acquire(timeout=self._timeout_s) as conn:
                 yield conn
 
-    async def _write(self, body: Callable[[Conn], Awaitable[T]]) -> T:
+    async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         """Run `body` in one transaction: all of its statements, or none of them."""
         for attempt in range(_RETRIES):
             try:
                 async with self.connection() as conn, conn.transaction():
-                    return await body(conn)
+                    return await body(_Tx(conn))
             except StoreError as exc:
                 rolled_back = isinstance(exc.__cause__, asyncpg.TransactionRollbackError)
                 if not rolled_back or attempt == _RETRIES - 1:
@@ -245,194 +228,28 @@ class PostgresStore(SqlStore):
                 await asyncio.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def check_writable(self) -> None:
-        async def body(conn: Conn) -> None:
-            await conn.execute(
-                "INSERT INTO heartbeat (id, at) VALUES (1, $1)"
-                " ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-                self._clock(),
-            )
+    # -- the driver seam under sql.py ------------------------------------------------------
 
-        await self._write(body)
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
+        async with self.connection() as conn:
+            return list(await conn.fetch(numbered(sql), *params))
+
+    async def _fetch_in(
+        self, sql: str, params: Sequence[Any], column: str, values: Sequence[Any]
+    ) -> list[Sequence[Any]]:
+        # One array parameter, whatever the number of values.
+        return await self._fetch(f"{sql} AND {column} = ANY(?::text[])", (*params, list(values)))
+
+    def _text(self, value: Any) -> Any:
+        return clean_text(value)
 
     # -- the conversation lock -------------------------------------------------------------
 
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:
         return self._conversation_lock(conv)
 
-    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
-        async with self.connection() as conn:
-            return list(await conn.fetch(numbered(sql), *params))
-
-    async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
-        return await self._write(lambda conn: body(_Tx(conn)))
-
-    def _text(self, value: Any) -> Any:
-        return clean_text(value)
-
     @asynccontextmanager
     async def _conversation_lock(self, conv: ConversationRef) -> AsyncIterator[None]:
         _, pool = await self._pools()
         async with self._locks.hold(pool, self._schema, conv):
             yield
-
-    # -- summaries ---------------------------------------------------------------------------
-
-    async def matching_summary(
-        self, conv: ConversationRef, boundary_hashes: Sequence[str]
-    ) -> SummaryVersion | None:
-        # Every candidate's small columns, and the whole row of the current version only:
-        # the current version is the usual answer, so one round trip mostly suffices.
-        full = ", ".join(
-            f"CASE WHEN sv.version = c.current_version THEN sv.{c} END" for c in SUMMARY_FIELDS
-        )
-        async with self.connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT sv.version, sv.covered, sv.boundary_hash, {full}, c.current_version"
-                f" {SUMMARY_FROM_PG} AND sv.version <= c.current_version AND sv.rolled_back = 0",
-                conv.tenant,
-                conv.key,
-            )
-            if not rows:
-                return None
-            current_version = rows[0][-1]
-            chosen = pick_matching(
-                [(r[0], r[1], r[2]) for r in rows], current_version, boundary_hashes
-            )
-            if chosen is None:
-                return None
-            if chosen == current_version:
-                row = next(r for r in rows if r[0] == chosen)
-                return summary(list(row)[3:])
-            found = await conn.fetchrow(
-                f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM_PG} AND sv.version = $3",
-                conv.tenant,
-                conv.key,
-                chosen,
-            )
-        return None if found is None else summary(found)
-
-    # -- audit and archive -----------------------------------------------------------------
-
-    async def archive_messages(
-        self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
-    ) -> int:
-        if not messages:
-            return 0
-        now = self._clock()
-
-        async def body(conn: Conn) -> int:
-            await touch(_Tx(conn), conv, now)
-            return await _insert_messages(conn, conv, messages, now)
-
-        return await self._write(body)
-
-    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
-        if not items:
-            return
-        now = self._clock()
-        # Conversation rows are locked in key order, the same in every replica, so two
-        # batches never wait on each other in a cycle. Stable: each one's events keep order.
-        ordered = sorted(items, key=lambda i: (i.conversation.tenant, i.conversation.key))
-
-        async def body(conn: Conn) -> None:
-            for item in ordered:
-                conv = item.conversation
-                await touch(_Tx(conn), conv, now)
-                if item.messages:
-                    await _insert_messages(conn, conv, item.messages, now)
-                if item.params:
-                    await _insert_params(conn, conv, item.params, now)
-                if item.events:
-                    await _insert_events(conn, conv, item.events, now)
-
-        await self._write(body)
-
-    async def archived_messages(
-        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
-    ) -> dict[str, str]:
-        return await self._archived("messages", conv, fingerprints)
-
-    async def archived_params(
-        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
-    ) -> dict[str, str]:
-        return await self._archived("request_params", conv, fingerprints)
-
-    async def _archived(
-        self, table: str, conv: ConversationRef, fingerprints: Sequence[str] | None
-    ) -> dict[str, str]:
-        base = f"SELECT fingerprint, body FROM {table} WHERE tenant = $1 AND key = $2"
-        async with self.connection() as conn:
-            if fingerprints is None:
-                rows = await conn.fetch(f"{base} ORDER BY id", conv.tenant, conv.key)
-            else:
-                rows = await conn.fetch(
-                    f"{base} AND fingerprint = ANY($3::text[]) ORDER BY id",
-                    conv.tenant,
-                    conv.key,
-                    list(dict.fromkeys(fingerprints)),
-                )
-        return {fp: body for fp, body in rows}
-
-    # -- loop summaries ----------------------------------------------------------------------
-
-    # -- conversations and retention ---------------------------------------------------------
-
-    async def prune(self, older_than: float) -> int:
-        pruned = 0
-        while True:
-            # One statement per batch: each conversation goes whole (ON DELETE CASCADE takes
-            # its rows in every other table with it). Rows a writer holds right now are
-            # skipped (they are being touched, so active); the others are re-checked.
-            async def body(conn: Conn) -> int:
-                deleted: int = await conn.fetchval(
-                    "WITH gone AS (DELETE FROM conversations WHERE (tenant, key) IN ("
-                    " SELECT tenant, key FROM conversations WHERE updated_at < $1"
-                    " LIMIT 100 FOR UPDATE SKIP LOCKED) AND updated_at < $1 RETURNING 1)"
-                    " SELECT count(*) FROM gone",
-                    older_than,
-                )
-                return deleted
-
-            deleted = await self._write(body)
-            pruned += deleted
-            if deleted == 0:
-                return pruned
-
-
-async def _insert_events(
-    conn: Conn,
-    conv: ConversationRef,
-    events: Sequence[tuple[EventType, Mapping[str, Any]]],
-    now: float,
-) -> None:
-    await conn.execute(
-        "INSERT INTO events (tenant, key, type, payload, created_at)"
-        " SELECT $1, $2, e.type, e.payload, $5"
-        " FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS e (type, payload, ord)"
-        " ORDER BY e.ord",
-        conv.tenant,
-        conv.key,
-        [t for t, _ in events],
-        [payload_json(p) for _, p in events],
-        now,
-    )
-
-
-async def _insert_params(
-    conn: Conn, conv: ConversationRef, params: Sequence[tuple[str, str]], now: float
-) -> None:
-    """Insert-or-ignore a request's other fields, each distinct set once."""
-    unique = dict(reversed(list(params)))
-    fps = list(dict.fromkeys(fp for fp, _ in params))
-    await conn.execute(
-        "INSERT INTO request_params (tenant, key, fingerprint, body, first_seen_at)"
-        " SELECT $1, $2, p.fp, p.body, $5"
-        " FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS p (fp, body, ord) ORDER BY p.ord"
-        " ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
-        conv.tenant,
-        conv.key,
-        fps,
-        [json_text(unique[fp]) for fp in fps],
-        now,
-    )

@@ -1,23 +1,31 @@
-"""The SQL both backends share: column lists, row mapping, JSON helpers, and the reads.
+"""The SQL both backends share: column lists, row mapping, JSON helpers, every query.
 
 Sits between the store interface (`base.py`) and the two drivers (`sqlite.py`,
 `postgres.py`). Queries are written here once, with `?` placeholders; a backend runs
-them through a small seam of two calls: `_fetch(sql, params)` for one read, and
-`_transact(body)` for one write transaction whose `body` talks to a `Tx`. The SQLite
-store answers both under its mutex and fault gate; the PostgreSQL store on a pooled
-connection after `numbered()` turned the marks into `$1, $2, ...`, retrying a
-transaction the server rolled back. Column lists are the record types'
-field names, so records and tables cannot drift apart (`tests/store/test_schema.py`
-checks the two schema definitions give the same tables and columns).
+them through a small seam, as httpx's transports or encode/databases' backends do:
 
-What is a backend's own stays there: SQLite its mutex, fault gate, summary cache and
-chunked IN lists; PostgreSQL its pools, advisory locks and bulk (unnest) statements
-(archive writes, prune, summary matching); each its transactions.
+    _fetch(sql, params)                  one read
+    _fetch_in(sql, params, column, values)  one read of `AND column IN values`, any length
+    _transact(body)                      one write transaction; `body` talks to a `Tx`:
+        Tx.execute / Tx.fetch            one statement
+        Tx.insert_rows                   many rows in one go (the bulk statement)
+
+The SQLite store answers them under its mutex and fault gate (chunked IN lists,
+executemany); the PostgreSQL store on a pooled connection after `numbered()` turned
+the marks into `$1, $2, ...` (`= ANY` arrays, unnest), retrying a transaction the
+server rolled back. Column lists are the record types' field names, so records and
+tables cannot drift apart (`tests/store/test_schema.py` checks that the two schema
+definitions give the same tables and columns).
+
+What is a backend's own stays there: SQLite its mutex, fault gate, file checks and
+summary cache; PostgreSQL its pools, advisory locks and bulk statements; each its
+transactions and how it locks rows it prunes.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import json
 import secrets
@@ -30,6 +38,7 @@ from proxy.store.base import (
     ConversationRef,
     Event,
     EventType,
+    ExchangeRecord,
     Layer,
     ListPosition,
     LoopSummary,
@@ -39,6 +48,7 @@ from proxy.store.base import (
     Store,
     StoreError,
     SummaryVersion,
+    pick_matching,
 )
 
 T = TypeVar("T")
@@ -53,6 +63,19 @@ class Tx(Protocol):
     async def execute(self, sql: str, params: Sequence[Any]) -> None: ...
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]: ...
+
+    async def insert_rows(
+        self,
+        table: str,
+        fixed: Mapping[str, Any],
+        columns: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        suffix: str = "",
+    ) -> int:
+        """Insert one row per `rows` item (text `columns`, plus the `fixed` values every
+        row shares), in order, with `suffix` (an ON CONFLICT clause); how many were new.
+        The bulk statement is the backend's own (SQLite: executemany; PostgreSQL: unnest)."""
+        ...
 
 
 def names(record_type: type[Any], prefix: str = "") -> list[str]:
@@ -116,22 +139,49 @@ def storable_json(text: str) -> str:
     """JSON text both databases can hold: lone surrogates (valid in JSON escapes) cannot
     be UTF-8. Re-escaping changes the bytes but not the JSON value, and only for such
     text. JSON never has a raw NUL (control characters are escaped inside strings)."""
-    if text.isascii():
+    if text.isascii() or _encodable(text):
         return text
+    return json.dumps(json.loads(text))
+
+
+_CHECK_CHARS = 1 << 18
+
+
+async def storable_rows(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(fingerprint, storable JSON) rows. ASCII text is storable as it is (a flag, O(1));
+    checking large non-ASCII text costs milliseconds, so it runs in a worker thread."""
+    heavy = sum(len(body) for _, body in rows if not body.isascii())
+    if heavy < _CHECK_CHARS:
+        return [(fp, storable_json(body)) for fp, body in rows]
+    return await asyncio.to_thread(lambda: [(fp, storable_json(body)) for fp, body in rows])
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` is valid as UTF-8 (no lone surrogate), checked in slices: encoding a
+    30 MB text at once would hold the GIL for about 20 ms (a str's surrogates are lone by
+    definition, so a slice boundary cannot split a valid pair)."""
     try:
-        text.encode("utf-8")
+        for i in range(0, len(text), _CHECK_CHARS):
+            text[i : i + _CHECK_CHARS].encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(json.loads(text))
-    return text
+        return False
+    return True
 
 
 # -- the reads, written once -------------------------------------------------------------------
 
 
+Candidates = list[tuple[int, int, str]]  # (version, covered, boundary_hash)
+
+
 class SqlStore(Store):
-    """The reads and writes every SQL backend answers alike, over `_fetch` and `_transact`."""
+    """Every read and write, over the driver seam `_fetch`, `_fetch_in` and `_transact`."""
 
     _clock: Callable[[], float]
+    # How many conversations one prune transaction deletes, and how it treats rows another
+    # transaction holds (PostgreSQL: skips them, they are being touched so are active).
+    _prune_batch = 100
+    _prune_lock = ""
 
     @abc.abstractmethod
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
@@ -141,12 +191,22 @@ class SqlStore(Store):
     async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         """Run `body` in one write transaction: all of its statements, or none."""
 
+    @abc.abstractmethod
+    async def _fetch_in(
+        self, sql: str, params: Sequence[Any], column: str, values: Sequence[Any]
+    ) -> list[Sequence[Any]]:
+        """The rows of `sql` (which ends in a WHERE clause) `AND column IN values`, for
+        any number of distinct values, in one read."""
+
     def _text(self, value: Any) -> Any:
         """Free text as the backend can hold it (PostgreSQL: no NUL, no lone surrogate)."""
         return value
 
     def _forget(self, conv: ConversationRef) -> None:
         """A change to `conv`'s summary versions is about to be made (drop any cache)."""
+
+    def _forget_all(self) -> None:
+        """Many conversations are about to change (prune)."""
 
     async def _fetch_one(self, sql: str, params: Sequence[Any]) -> Sequence[Any] | None:
         rows = await self._fetch(sql, params)
@@ -302,7 +362,143 @@ class SqlStore(Store):
         )
         return None if row is None else conversation(row)
 
+    async def matching_summary(
+        self, conv: ConversationRef, boundary_hashes: Sequence[str]
+    ) -> SummaryVersion | None:
+        candidates, current = await self._summary_candidates(conv)
+        chosen = pick_matching(candidates, current.version if current else 0, boundary_hashes)
+        if chosen is None:
+            return None
+        if current is not None and chosen == current.version:
+            return current
+        row = await self._fetch_one(
+            f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM} AND sv.version = ?",
+            (conv.tenant, conv.key, chosen),
+        )
+        return None if row is None else summary(row)
+
+    async def _summary_candidates(
+        self, conv: ConversationRef
+    ) -> tuple[Candidates, SummaryVersion | None]:
+        """Every version that may match (small columns), and the whole current version:
+        the current version is the usual answer, so one round trip mostly suffices."""
+        full = ", ".join(
+            f"CASE WHEN sv.version = c.current_version THEN sv.{c} END" for c in SUMMARY_FIELDS
+        )
+        rows = await self._fetch(
+            f"SELECT sv.version, sv.covered, sv.boundary_hash, {full}, c.current_version"
+            f" {SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
+            (conv.tenant, conv.key),
+        )
+        current = next((summary(list(r)[3:]) for r in rows if r[0] == r[-1]), None)
+        return [(r[0], r[1], r[2]) for r in rows], current
+
+    async def archived_messages(
+        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        return await self._archived("messages", conv, fingerprints)
+
+    async def archived_params(
+        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        return await self._archived("request_params", conv, fingerprints)
+
+    async def _archived(
+        self, table: str, conv: ConversationRef, fingerprints: Sequence[str] | None
+    ) -> dict[str, str]:
+        base = f"SELECT id, fingerprint, body FROM {table} WHERE tenant = ? AND key = ?"
+        if fingerprints is None:
+            rows = await self._fetch(f"{base} ORDER BY id", (conv.tenant, conv.key))
+        else:
+            wanted = list(dict.fromkeys(fingerprints))
+            rows = await self._fetch_in(base, (conv.tenant, conv.key), "fingerprint", wanted)
+            rows.sort(key=lambda r: int(r[0]))
+        return {fp: body for _, fp, body in rows}
+
     # -- the writes ----------------------------------------------------------------------------
+
+    async def check_writable(self) -> None:
+        """A real write (the heartbeat row)."""
+
+        async def body(tx: Tx) -> None:
+            await tx.execute(
+                "INSERT INTO heartbeat (id, at) VALUES (1, ?)"
+                " ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                (self._clock(),),
+            )
+
+        await self._transact(body)
+
+    async def archive_messages(
+        self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
+    ) -> int:
+        if not messages:
+            return 0
+        now = self._clock()
+
+        rows = await storable_rows(unique(messages))
+
+        async def body(tx: Tx) -> int:
+            await touch(tx, conv, now)
+            return await add_archived(tx, "messages", conv, rows, now)
+
+        return await self._transact(body)
+
+    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
+        if not items:
+            return
+        now = self._clock()
+        # Conversation rows are locked in key order, the same in every replica, so two
+        # batches never wait on each other in a cycle. Stable: each one's events keep order.
+        ordered = sorted(items, key=lambda i: (i.conversation.tenant, i.conversation.key))
+        # The rows as the database holds them, made before the transaction: the body only
+        # writes (a backend may run it whole on its own thread).
+        prepared = [
+            (
+                item.conversation,
+                await storable_rows(unique(item.messages)),
+                await storable_rows(unique(item.params)),
+                [(t, payload_json(p)) for t, p in item.events],
+            )
+            for item in ordered
+        ]
+
+        async def body(tx: Tx) -> None:
+            for conv, messages, params, events in prepared:
+                await touch(tx, conv, now)
+                await add_archived(tx, "messages", conv, messages, now)
+                await add_archived(tx, "request_params", conv, params, now)
+                if events:
+                    await tx.insert_rows(
+                        "events",
+                        {"tenant": conv.tenant, "key": conv.key, "created_at": now},
+                        ("type", "payload"),
+                        events,
+                    )
+
+        await self._transact(body)
+
+    async def prune(self, older_than: float) -> int:
+        self._forget_all()
+        pruned = 0
+
+        async def batch(tx: Tx) -> int:
+            # Each conversation goes whole: ON DELETE CASCADE takes its rows in every other
+            # table with it. Re-checked inside the transaction: a request may have touched it.
+            rows = await tx.fetch(
+                "DELETE FROM conversations WHERE (tenant, key) IN ("
+                " SELECT tenant, key FROM conversations WHERE updated_at < ?"
+                f" LIMIT {int(self._prune_batch)}{self._prune_lock})"
+                " AND updated_at < ? RETURNING 1",
+                (older_than, older_than),
+            )
+            return len(rows)
+
+        while True:
+            deleted = await self._transact(batch)
+            pruned += deleted
+            if deleted == 0:
+                return pruned
 
     async def add_summary_version(self, conv: ConversationRef, new: NewSummary) -> SummaryVersion:
         self._forget(conv)
@@ -430,6 +626,37 @@ async def touch(tx: Tx, conv: ConversationRef, now: float) -> None:
         " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at",
         (conv.tenant, conv.key, now, now),
     )
+
+
+def unique(items: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(fingerprint, JSON) rows, each fingerprint once: the first body of a repeated one."""
+    first: dict[str, str] = {}
+    for fp, body in items:
+        first.setdefault(fp, body)
+    return list(first.items())
+
+
+async def add_archived(
+    tx: Tx, table: str, conv: ConversationRef, rows: Sequence[tuple[str, str]], now: float
+) -> int:
+    """Insert-or-ignore (fingerprint, storable JSON) rows of `messages` or `request_params`
+    (`unique`, `storable_rows`), in order; new messages are counted on the conversation."""
+    if not rows:
+        return 0
+    added = await tx.insert_rows(
+        table,
+        {"tenant": conv.tenant, "key": conv.key, "first_seen_at": now},
+        ("fingerprint", "body"),
+        rows,
+        " ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
+    )
+    if added and table == "messages":
+        await tx.execute(
+            "UPDATE conversations SET message_count = message_count + ?"
+            " WHERE tenant = ? AND key = ?",
+            (added, conv.tenant, conv.key),
+        )
+    return added
 
 
 async def insert(

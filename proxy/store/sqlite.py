@@ -1,8 +1,8 @@
 """SQLite implementation of the store (aiosqlite, one connection per process).
 
-The reads and most writes are shared with PostgreSQL (`sql.py`); this module is the
-SQLite driver under them (`_fetch`, `_transact`) and what only SQLite needs: the
-mutex, the fault gate and file checks, the summary cache, chunked IN lists.
+Every query is shared with PostgreSQL (`sql.py`); this module is the SQLite driver
+under them (`_fetch`, `_fetch_in`, `_transact` and its `Tx`) and what only SQLite
+needs: the mutex, the fault gate and file checks, the summary cache, chunked IN lists.
 
 The default backend: the app opens it in its lifespan and every stage that reads
 or writes stored state goes through it. One connection, so a per-instance
@@ -38,33 +38,25 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 import aiosqlite
 
-from proxy.store.base import (
-    ConversationRef,
-    ExchangeRecord,
-    KeyedLocks,
-    StoreError,
-    SummaryVersion,
-    pick_matching,
-)
+from proxy.store.base import ConversationRef, KeyedLocks, StoreError, SummaryVersion
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import migrate
-from proxy.store.sql import (
-    SUMMARY_COLUMNS,
-    SUMMARY_FROM,
-    SqlStore,
-    Tx,
-    payload_json,
-    storable_json,
-    summary,
-    touch,
-)
+from proxy.store.sql import Candidates, SqlStore, Tx
 from proxy.store.sqlite_faults import (
     DatabaseFile,
     Fault,
@@ -89,21 +81,80 @@ _PROBE_BUSY_MS = 50
 
 
 class _Tx:
-    """The shared writes' view of an open SQLite transaction."""
+    """The shared writes' view of a SQLite transaction that runs whole on the database's
+    thread: its methods are coroutines that never suspend, so `_run_whole` finishes a
+    body in one call there. One hop to that thread per transaction, not one per
+    statement: each hop wakes a thread and the event loop, which on a busy machine costs
+    more than the statements."""
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
-        self.db = db
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
 
     async def execute(self, sql: str, params: Sequence[Any]) -> None:
-        await self.db.execute(sql, params)
+        self.conn.execute(sql, params)
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
-        return await _all(self.db, sql, params)
+        return list(self.conn.execute(sql, params).fetchall())
+
+    async def insert_rows(
+        self,
+        table: str,
+        fixed: Mapping[str, Any],
+        columns: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        suffix: str = "",
+    ) -> int:
+        names = [*fixed, *columns]
+        marks = ", ".join("?" * len(names))
+        shared = tuple(fixed.values())
+        cur = self.conn.executemany(
+            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({marks}){suffix}",
+            [(*shared, *row) for row in rows],
+        )
+        return max(0, cur.rowcount)
 
 
-async def _one(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> Any:
-    rows = await _all(db, sql, params)
-    return rows[0] if rows else None
+def _run_whole(
+    conn: sqlite3.Connection, body: Callable[[Tx], Awaitable[T]], probe_ms: int, busy_ms: int
+) -> T:
+    """On the database thread: BEGIN IMMEDIATE, the body, COMMIT (ROLLBACK on any error).
+
+    With `probe_ms`, the write lock is waited for that long only (another process held it
+    a moment ago: ask, do not queue), then `busy_ms` again."""
+    if probe_ms:
+        conn.execute(f"PRAGMA busy_timeout = {probe_ms}")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    finally:
+        if probe_ms:
+            conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+    coro = cast(Coroutine[Any, Any, T], body(_Tx(conn)))  # an `async def` body
+    try:
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            result: T = done.value
+        else:
+            coro.close()
+            raise RuntimeError("a SQLite transaction body awaited something other than its Tx")
+    except BaseException:
+        # Keep the original error; a failed rollback is discarded by SQLite anyway.
+        with suppress(sqlite3.Error):
+            conn.rollback()
+        raise
+    conn.commit()
+    return result
+
+
+async def _on_thread(db: aiosqlite.Connection, call: Callable[[sqlite3.Connection], T]) -> T:
+    """`call(connection)` on aiosqlite's database thread, in order with its other calls.
+
+    aiosqlite has no public way to run several statements in one hop: this uses its
+    queue (`Connection._execute`) and its sqlite3 connection (`_conn`), as its own
+    methods do; the store suite fails at once if a release changes them (the pin in
+    pyproject.toml names the tested range)."""
+    result = await db._execute(lambda: call(db._conn))  # type: ignore[no-untyped-call]
+    return cast(T, result)
 
 
 async def _all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -112,6 +163,9 @@ async def _all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> lis
 
 
 class SqliteStore(SqlStore):
+    # One conversation per prune transaction: the request path's writes wait on each.
+    _prune_batch = 1
+
     def __init__(
         self,
         path: str,
@@ -312,41 +366,11 @@ class SqliteStore(SqlStore):
             async with self._mutex:
                 yield await self._ready(write=False)
 
-    @asynccontextmanager
-    async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
-        """One write transaction: all of the body's statements, or none of them."""
-        with translated(), self._watch(write=True):
-            self._gate(write=True)
-            async with self._mutex:
-                db = await self._ready(write=True)
-                probing = self._fault is not None and self._fault.kind.busy
-                if probing:
-                    # Another process held the lock a moment ago: ask, do not queue.
-                    await db.execute(f"PRAGMA busy_timeout = {_PROBE_BUSY_MS}")
-                try:
-                    await db.execute("BEGIN IMMEDIATE")
-                finally:
-                    if probing:
-                        await db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-                try:
-                    yield db
-                except BaseException:
-                    # Keep the original error; a failed rollback is discarded by SQLite anyway.
-                    with suppress(sqlite3.Error, ValueError):
-                        await db.rollback()
-                    raise
-                await db.commit()
-
     async def check_writable(self) -> None:
         """A real write, after the checks a write cannot make: free space, the file."""
         if self._path != MEMORY and self._wanted:
             check_free_space(self._path)
-        async with self._write() as db:
-            await db.execute(
-                "INSERT INTO heartbeat (id, at) VALUES (1, ?)"
-                " ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-                (self._clock(),),
-            )
+        await super().check_writable()
 
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:
         # In-process only: one proxy process owns a SQLite file.
@@ -357,163 +381,42 @@ class SqliteStore(SqlStore):
             return await _all(db, sql, params)
 
     async def _transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
-        async with self._write() as db:
-            return await body(_Tx(db))
+        """The whole transaction in one call on the database thread (`_run_whole`)."""
+        with translated(), self._watch(write=True):
+            self._gate(write=True)
+            async with self._mutex:
+                db = await self._ready(write=True)
+                probing = self._fault is not None and self._fault.kind.busy
+                probe_ms = _PROBE_BUSY_MS if probing else 0
+                busy_ms = int(self._busy_timeout_ms)
+                return await _on_thread(db, lambda conn: _run_whole(conn, body, probe_ms, busy_ms))
+
+    async def _fetch_in(
+        self, sql: str, params: Sequence[Any], column: str, values: Sequence[Any]
+    ) -> list[Sequence[Any]]:
+        found: list[Sequence[Any]] = []
+        async with self._read() as db:
+            # Chunked under SQLite's host-parameter limit, all in one read.
+            for i in range(0, len(values), _IN_CHUNK):
+                chunk = values[i : i + _IN_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                found += await _all(db, f"{sql} AND {column} IN ({marks})", (*params, *chunk))
+        return found
 
     def _forget(self, conv: ConversationRef) -> None:
         self._summaries.drop(conv)
 
-    async def matching_summary(
-        self, conv: ConversationRef, boundary_hashes: Sequence[str]
-    ) -> SummaryVersion | None:
+    def _forget_all(self) -> None:
+        self._summaries.clear()
+
+    async def _summary_candidates(
+        self, conv: ConversationRef
+    ) -> tuple[Candidates, SummaryVersion | None]:
         # Asked on every chat request: answered from memory while the cache is fresh.
         cached = self._summaries.get(conv)
         if cached is not None:
-            candidates, current = cached
-            chosen = pick_matching(candidates, current.version if current else 0, boundary_hashes)
-            if chosen is None:
-                return None
-            if current is not None and chosen == current.version:
-                return current
-        async with self._read() as db:
-            # Only the small columns of every candidate; the chosen text is read once.
-            rows = await _all(
-                db,
-                "SELECT sv.version, sv.covered, sv.boundary_hash, c.current_version"
-                f" {SUMMARY_FROM} AND sv.version <= c.current_version AND sv.rolled_back = 0",
-                (conv.tenant, conv.key),
-            )
-            candidates = [(r[0], r[1], r[2]) for r in rows]
-            current_version = rows[0][3] if rows else 0
-            chosen = pick_matching(candidates, current_version, boundary_hashes)
-            wanted = [v for v in (chosen, current_version) if v]
-            found = (
-                {
-                    v.version: v
-                    for v in map(
-                        summary,
-                        await _all(
-                            db,
-                            f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM}"
-                            f" AND sv.version IN ({', '.join('?' * len(wanted))})",
-                            (conv.tenant, conv.key, *wanted),
-                        ),
-                    )
-                }
-                if wanted
-                else {}
-            )
-        self._summaries.put(conv, candidates, found.get(current_version))
-        return found.get(chosen) if chosen else None
-
-    async def archive_messages(
-        self, conv: ConversationRef, messages: Sequence[tuple[str, str]]
-    ) -> int:
-        if not messages:
-            return 0
-        now = self._clock()
-        rows = [(conv.tenant, conv.key, fp, storable_json(body), now) for fp, body in messages]
-        async with self._write() as db:
-            await touch(_Tx(db), conv, now)
-            cur = await db.executemany(
-                "INSERT INTO messages (tenant, key, fingerprint, body, first_seen_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
-                rows,
-            )
-            added = max(0, cur.rowcount)
-            if added:
-                await db.execute(
-                    "UPDATE conversations SET message_count = message_count + ?"
-                    " WHERE tenant = ? AND key = ?",
-                    (added, conv.tenant, conv.key),
-                )
-        return added
-
-    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
-        now = self._clock()
-        async with self._write() as db:
-            for item in items:
-                conv = item.conversation
-                await touch(_Tx(db), conv, now)
-                rows = [
-                    (conv.tenant, conv.key, fp, storable_json(body), now)
-                    for fp, body in item.messages
-                ]
-                if rows:
-                    cur = await db.executemany(
-                        "INSERT INTO messages (tenant, key, fingerprint, body, first_seen_at)"
-                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
-                        rows,
-                    )
-                    if cur.rowcount > 0:
-                        await db.execute(
-                            "UPDATE conversations SET message_count = message_count + ?"
-                            " WHERE tenant = ? AND key = ?",
-                            (cur.rowcount, conv.tenant, conv.key),
-                        )
-                if item.params:
-                    await db.executemany(
-                        "INSERT INTO request_params (tenant, key, fingerprint, body, first_seen_at)"
-                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, key, fingerprint) DO NOTHING",
-                        [
-                            (conv.tenant, conv.key, fp, storable_json(body), now)
-                            for fp, body in item.params
-                        ],
-                    )
-                if item.events:
-                    await db.executemany(
-                        "INSERT INTO events (tenant, key, type, payload, created_at)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        [(conv.tenant, conv.key, t, payload_json(p), now) for t, p in item.events],
-                    )
-
-    async def archived_messages(
-        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
-    ) -> dict[str, str]:
-        return await self._archived("messages", conv, fingerprints)
-
-    async def archived_params(
-        self, conv: ConversationRef, fingerprints: Sequence[str] | None = None
-    ) -> dict[str, str]:
-        return await self._archived("request_params", conv, fingerprints)
-
-    async def _archived(
-        self, table: str, conv: ConversationRef, fingerprints: Sequence[str] | None
-    ) -> dict[str, str]:
-        base = f"SELECT id, fingerprint, body FROM {table} WHERE tenant = ? AND key = ?"
-        found: list[tuple[int, str, str]] = []
-        async with self._read() as db:
-            if fingerprints is None:
-                found = await _all(db, base, (conv.tenant, conv.key))
-            else:
-                wanted = list(dict.fromkeys(fingerprints))
-                for i in range(0, len(wanted), _IN_CHUNK):
-                    chunk = wanted[i : i + _IN_CHUNK]
-                    marks = ", ".join("?" * len(chunk))
-                    found += await _all(
-                        db, f"{base} AND fingerprint IN ({marks})", (conv.tenant, conv.key, *chunk)
-                    )
-        found.sort()
-        return {fp: body for _, fp, body in found}
-
-    async def prune(self, older_than: float) -> int:
-        self._summaries.clear()
-        pruned = 0
-        while True:
-            async with self._read() as db:
-                batch = await _all(
-                    db,
-                    "SELECT tenant, key FROM conversations WHERE updated_at < ? LIMIT 500",
-                    (older_than,),
-                )
-            if not batch:
-                return pruned
-            for tenant, key in batch:
-                # Re-checked inside the transaction: a request may have touched it since.
-                # ON DELETE CASCADE removes the rows of every other table with it.
-                async with self._write() as db:
-                    cur = await db.execute(
-                        "DELETE FROM conversations WHERE tenant = ? AND key = ? AND updated_at < ?",
-                        (tenant, key, older_than),
-                    )
-                    pruned += max(0, cur.rowcount)
+            return list(cached[0]), cached[1]
+        candidates, current = await super()._summary_candidates(conv)
+        # No await since the read: no write came between it and this entry.
+        self._summaries.put(conv, candidates, current)
+        return candidates, current

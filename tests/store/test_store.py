@@ -359,6 +359,15 @@ async def test_archive_many_fingerprints_and_odd_text(store: Store) -> None:
     stored = await store.archived_messages(CONV, ["odd"])
     assert json.loads(stored["odd"]) == json.loads(odd)
 
+    # The same for a large non-ASCII text (checked in a worker thread, in slices), and one
+    # that is valid UTF-8 is kept byte for byte.
+    large = json.dumps({"content": "长" * 300_000 + "\udc00"}, ensure_ascii=False)
+    fine = json.dumps({"content": "长" * 300_000}, ensure_ascii=False)
+    await store.record_exchanges([ExchangeRecord(CONV, [("large", large), ("fine", fine)], [])])
+    stored = await store.archived_messages(CONV, ["large", "fine"])
+    assert json.loads(stored["large"]) == json.loads(large)
+    assert stored["fine"] == fine
+
 
 # --- events ---------------------------------------------------------------------------
 
