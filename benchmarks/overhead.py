@@ -6,8 +6,8 @@ generator or with another server:
 
     fake upstream   the tests' fakes (`tests/fakes.py`, `tests/fake_responses.py`), recording
                     nothing: for chat a JSON completion or an SSE stream of 20 small chunks,
-                    for `/v1/responses` a JSON response or OpenAI's typed SSE events (18 text
-                    deltas among 26 events), with no artificial delay
+                    for `/v1/responses` a JSON response or OpenAI's typed SSE events (16 text
+                    deltas among 24 events), with no artificial delay
     bare            the floor for this stack: a Starlette route that reads the body and forwards
                     it with one shared httpx.AsyncClient, streaming the answer back
     recap           `python -m proxy serve` with its real default stage list, a SQLite store in
@@ -113,7 +113,7 @@ HOP_BY_HOP = frozenset(
 
 ANSWER = "Done: NO6JO3 now flies HAT136 on 2024-05-22 in economy, $16 charged to your visa."
 USAGE = {"prompt_tokens": 2400, "completion_tokens": 20, "total_tokens": 2420}
-# The Responses fake streams text in 8-character deltas: 18 of them, as OpenAI's ~20 tokens.
+# The Responses fake streams text in 8-character deltas: 16 of them (OpenAI: about one a token).
 RESPONSES_ANSWER = ANSWER + " The new e-ticket is on its way to your email."
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
 # What the end of a complete answer looks like, per (api, mode): a marker the answer must
