@@ -3,7 +3,8 @@
 Outside the data path: system prompt, user/assistant turns, four tool calls and their results,
 tool schemas (about 8 KB of JSON), shaped like a τ-bench airline session. Its last message
 carries a per-request counter (`Bodies.next`), as a live agent's history grows by one message
-a turn, so no request is a byte-for-byte repeat of the one before.
+a turn, so no request is a byte-for-byte repeat of the one before. The same history is also
+written as a `/v1/responses` body (`Bodies("responses")`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from benchmarks import responses_shape
+
+APIS = ("chat", "responses")
 MODES = ("json", "stream")
 NONCE = "@@NONCE@@"
 
@@ -164,28 +168,32 @@ def chat_history() -> list[dict[str, Any]]:
     ]
 
 
+def chat_tools() -> list[dict[str, Any]]:
+    return [
+        _tool("get_user_details", "Get the details of a user.", user_id="The user id."),
+        _tool("get_reservation_details", "Get a reservation.", reservation_id="The id."),
+        _tool(
+            "search_direct_flight",
+            "Search direct flights.",
+            origin="IATA code",
+            destination="IATA code",
+            date="YYYY-MM-DD",
+        ),
+        _tool(
+            "update_reservation_flights",
+            "Change the flights of a reservation.",
+            reservation_id="The id.",
+            cabin="The cabin.",
+            payment_id="The payment id.",
+        ),
+    ]
+
+
 def body_template(stream: bool) -> bytes:
     body: dict[str, Any] = {
         "model": "gpt-4o",
         "messages": chat_history(),
-        "tools": [
-            _tool("get_user_details", "Get the details of a user.", user_id="The user id."),
-            _tool("get_reservation_details", "Get a reservation.", reservation_id="The id."),
-            _tool(
-                "search_direct_flight",
-                "Search direct flights.",
-                origin="IATA code",
-                destination="IATA code",
-                date="YYYY-MM-DD",
-            ),
-            _tool(
-                "update_reservation_flights",
-                "Change the flights of a reservation.",
-                reservation_id="The id.",
-                cabin="The cabin.",
-                payment_id="The payment id.",
-            ),
-        ],
+        "tools": chat_tools(),
         "temperature": 0.0,
     }
     if stream:
@@ -194,11 +202,34 @@ def body_template(stream: bool) -> bytes:
     return json.dumps(body).encode()
 
 
-class Bodies:
-    """Request bodies, each with its own counter in the last message."""
+def responses_template(stream: bool) -> bytes:
+    """The same history as a `/v1/responses` body (`benchmarks.responses_shape`): the system
+    prompt as `instructions`, the turns as message items, the calls and results as
+    `function_call` / `function_call_output` items, the tools in Responses form; `store`
+    false, as a client that sends its whole history each turn (Codex) does."""
+    body = responses_shape.request_body(
+        "gpt-4o",
+        chat_history(),
+        tools=responses_shape.tools(chat_tools()),
+        temperature=0.0,
+        store=False,
+    )
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
 
-    def __init__(self) -> None:
-        self.templates = {mode: body_template(mode == "stream") for mode in MODES}
+
+TEMPLATES = {"chat": body_template, "responses": responses_template}
+
+
+class Bodies:
+    """Request bodies of one API ("chat" or "responses"), each with its own counter in the
+    last message."""
+
+    def __init__(self, api: str = "chat") -> None:
+        self.api = api
+        template = TEMPLATES[api]
+        self.templates = {mode: template(mode == "stream") for mode in MODES}
         self.n = 0
 
     def next(self, mode: str) -> bytes:

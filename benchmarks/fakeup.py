@@ -7,7 +7,10 @@ Before a session the harness posts the session's recorded answers
 (`POST /_replay/session`); then every chat call is answered with the recorded assistant
 message of its step, found by the `x-replay-step` header the harness sends (proxies forward
 it), or else by the last message of the request. So the conversation unfolds exactly as it
-was recorded, whatever the proxy sent.
+was recorded, whatever the proxy sent. A `/v1/responses` call (`replay --api responses`) is
+answered the same way, as a Responses answer; what it received is checked as OpenAI would
+check it (`tests.fake_responses.input_problems`) and logged in chat form
+(`benchmarks.responses_shape.to_chat`), so its figures are computed as for chat.
 
 Summarizer calls (`x-recap-purpose: summarize`, or any call that matches no step: a peer's
 own model calls) get a deterministic extractive summary (`extractive_summary`), or are relayed
@@ -25,7 +28,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -33,11 +36,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from benchmarks import responses_shape
 from benchmarks.harness import BenchError
 from benchmarks.metrics import Run, Step
 from benchmarks.sessions import Session
 from proxy.planning.transcript import content_text
 from proxy.tokens import TokenCounter
+from tests.fake_responses import input_problems
 from tests.fakes import FakeUpstream, Recorded, Reply, ReplyOrAwaitable
 
 STEP_HEADER = "x-replay-step"
@@ -148,6 +153,7 @@ class ReplayUpstream(FakeUpstream):
             routes=[
                 Route("/_replay/session", self.session, methods=["POST"]),
                 Route("/_replay/log", self.log),
+                Route("/v1/responses", self.responses, methods=["POST"]),
             ],
         )
         self.counter = TokenCounter()
@@ -179,6 +185,23 @@ class ReplayUpstream(FakeUpstream):
             return None
         candidates = self.by_last.get(message_key(messages[-1]), [])
         return candidates.pop(0) if candidates else None
+
+    async def responses(self, request: Request) -> Response:
+        """A Responses call: the recorded answer of its step, the input logged in chat form."""
+        start = time.perf_counter()
+        rec = await self._record(request)
+        body = rec.json
+        messages = responses_shape.to_chat(body.get("instructions"), body.get("input"))
+        step = self._step(rec.headers, messages)
+        if step is None:
+            error = {"message": "no recorded step matches", "type": "invalid_request_error"}
+            return JSONResponse({"error": error}, status_code=400)
+        self.records.append(
+            {"kind": "chat", "step": step, "messages": messages, "problems": input_problems(body)}
+        )
+        answer = responses_shape.response(str(body.get("model")), self.answers[step])
+        fake_ms = f"{(time.perf_counter() - start) * 1000:.3f}"
+        return JSONResponse(answer, headers={FAKE_MS_HEADER: fake_ms})
 
     def reply_to(self, request: Recorded, body: dict[str, Any]) -> ReplyOrAwaitable:
         messages = body.get("messages") or []
@@ -250,10 +273,27 @@ def _finish(message: Mapping[str, Any]) -> str:
 # -- the harness's side ------------------------------------------------------------------------
 
 
+def request(api: str, session: Session, i: int) -> tuple[dict[str, Any], Callable[[Any], Any]]:
+    """The body of step `i` in `api`'s shape, and how to read the assistant message from its
+    answer's JSON."""
+    history = session.messages[:i]
+    if api == "responses":
+        body = responses_shape.request_body(session.model, history, stream=False, store=False)
+        return body, responses_shape.answer_message
+    body = {"model": session.model, "messages": history, "stream": False}
+    return body, lambda answer: answer["choices"][0]["message"]
+
+
 def replay_session(
-    client: httpx.Client, url: str, fake: str, session: Session, conversation: str
+    client: httpx.Client,
+    url: str,
+    fake: str,
+    session: Session,
+    conversation: str,
+    api: str = "chat",
 ) -> Run:
-    """Every step of `session` through the proxy at `url` (a chat completions URL)."""
+    """Every step of `session` through the proxy at `url` (a chat completions URL, or with
+    `api` "responses" a /v1/responses URL)."""
     messages = session.messages
     answers = [
         {"step": i, "last": message_key(messages[i - 1]), "message": messages[i]}
@@ -262,14 +302,14 @@ def replay_session(
     client.post(fake + "/_replay/session", json={"answers": answers}).raise_for_status()
     timing: dict[int, tuple[float, float | None, int]] = {}
     for i in session.steps:
-        body = {"model": session.model, "messages": messages[:i], "stream": False}
+        body, read = request(api, session, i)
         headers = {"x-conversation-id": conversation, STEP_HEADER: str(i)}
         start = time.perf_counter()
         response = client.post(url, content=json.dumps(body, ensure_ascii=False), headers=headers)
         wall = (time.perf_counter() - start) * 1000
         if response.status_code != 200:
             raise BenchError(f"{session.id} step {i}: status {response.status_code}")
-        answer = response.json()["choices"][0]["message"]
+        answer = read(response.json())
         if answer.get("tool_calls") != messages[i].get("tool_calls"):
             raise BenchError(f"{session.id} step {i}: the answer is not the recorded one")
         fake_ms = float(response.headers.get(FAKE_MS_HEADER, "0"))
@@ -295,6 +335,7 @@ def replay_session(
                 summarizer_in=sum(r["input"] for r in pending),
                 summarizer_out=sum(r["output"] for r in pending),
                 dropped=dropped,
+                problems=rec.get("problems", ()),
             )
         )
         pending = []

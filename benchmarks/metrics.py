@@ -12,7 +12,9 @@ strategy sent upstream (`Step`); this module turns those records into figures. D
   token-weighted. "Between compactions" leaves out the steps where the strategy called a
   summarizer and the first request of each conversation (a cold cache).
 - rewrite: a request that does not start with the whole previous request (the prefix changed).
-- invalid: `proxy.conversation.check_history` finds a problem (orphan result, unanswered call).
+- invalid: `proxy.conversation.check_history` finds a problem (orphan result, unanswered call)
+  in the chat form of what was sent, or (Responses) the upstream found its `input` invalid as
+  OpenAI would (`Step.problems`: `tests.fake_responses.input_problems`).
 - fact retention: a gold value is at risk at its step when the message where it first appears
   in the history is not among the sent messages (compaction removed or rewrote it); it is
   retained when the value still appears somewhere in what was sent at that step.
@@ -46,6 +48,7 @@ class Step:
     summarizer_in: int = 0
     summarizer_out: int = 0
     dropped: int = 0  # messages Recap's last-resort fit dropped (x-recap-dropped-messages)
+    problems: Sequence[str] = ()  # what the upstream found wrong in the API's own body
 
 
 @dataclass
@@ -209,7 +212,7 @@ def add_run(fig: Figures, run: Run, window: int, weigh: Weigher) -> list[int]:
         fig.summarizer_in += step.summarizer_in
         fig.summarizer_out += step.summarizer_out
         fig.drop_steps += step.dropped > 0
-        problems = check_history(step.sent)
+        problems = [*step.problems, *check_history(step.sent)]
         if problems:
             fig.invalid += 1
             if len(fig.invalid_examples) < 5:

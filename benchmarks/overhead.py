@@ -1,11 +1,13 @@
-"""What Recap adds to a chat call: latency and throughput against a direct call and a bare proxy.
+"""What Recap adds to a model call: latency and throughput against a direct call and a bare proxy.
 
 Outside the data path: a script that prints figures (never a test). Three servers, each in its
 own process on a free 127.0.0.1 port, so that none shares an event loop or a GIL with the load
 generator or with another server:
 
-    fake upstream   the tests' fake (`tests/fakes.py`), recording nothing: a JSON completion,
-                    or an SSE stream of 20 small chunks, with no artificial delay
+    fake upstream   the tests' fakes (`tests/fakes.py`, `tests/fake_responses.py`), recording
+                    nothing: for chat a JSON completion or an SSE stream of 20 small chunks,
+                    for `/v1/responses` a JSON response or OpenAI's typed SSE events (16 text
+                    deltas among 24 events), with no artificial delay
     bare            the floor for this stack: a Starlette route that reads the body and forwards
                     it with one shared httpx.AsyncClient, streaming the answer back
     recap           `python -m proxy serve` with its real default stage list, a SQLite store in
@@ -18,7 +20,10 @@ so Recap and the bare pass-through differ only in their application code.
 The request is a realistic 20-message agent history (`benchmarks.agent_request`: system
 prompt, user/assistant turns, four tool calls and their results, tool schemas; about 8 KB of
 JSON). Its last message carries a per-request counter, as a live agent's history grows by one
-message a turn.
+message a turn. `--api responses` sends the same history to `/v1/responses` (instructions,
+message, function_call and function_call_output items, Responses tools; the upstream checks
+every input as OpenAI would); `--api both` (the default) measures chat, then Responses, through
+the same three servers, each API with its own table and verdicts.
 
 Measurements, all interleaved round-robin over the targets (the starting target rotates)
 so that machine noise lands on every target alike:
@@ -35,8 +40,9 @@ Recap's own `overhead_ms` (arrival to forwarding) for the c=1 rounds, from its a
 `--profile-recap PATH` runs Recap under cProfile (its figures are then not comparable).
 
 Usage (from the repository root):
-    python -m benchmarks.overhead [--requests 400] [--concurrency 16] [--duration-s 10]
-        [--store sqlite | postgresql://...] [--json PATH] [--workdir DIR] [--profile-recap PATH]
+    python -m benchmarks.overhead [--api chat|responses|both] [--requests 400]
+        [--concurrency 16] [--duration-s 10] [--store sqlite | postgresql://...] [--json PATH]
+        [--workdir DIR] [--profile-recap PATH]
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from benchmarks.agent_request import MODES, Bodies
+from benchmarks.agent_request import APIS, MODES, Bodies
 from benchmarks.harness import (
     BenchError,
     cpu_seconds,
@@ -81,7 +87,8 @@ from benchmarks.harness import (
     stack,
     write_config,
 )
-from tests.fakes import FakeUpstream, Reply
+from tests.fake_responses import Answer, FakeResponses
+from tests.fakes import Reply
 
 MODULE = "benchmarks.overhead"
 TARGETS = ("direct", "bare", "recap")
@@ -106,13 +113,28 @@ HOP_BY_HOP = frozenset(
 
 ANSWER = "Done: NO6JO3 now flies HAT136 on 2024-05-22 in economy, $16 charged to your visa."
 USAGE = {"prompt_tokens": 2400, "completion_tokens": 20, "total_tokens": 2420}
+# The Responses fake streams text in 8-character deltas: 16 of them (OpenAI: about one a token).
+RESPONSES_ANSWER = ANSWER + " The new e-ticket is on its way to your email."
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
+# What the end of a complete answer looks like, per (api, mode): a marker the answer must
+# contain (None: none) and the bytes it must end with.
+ENDINGS: dict[tuple[str, str], tuple[bytes | None, bytes]] = {
+    ("chat", "json"): (None, b"}"),
+    ("chat", "stream"): (None, b"data: [DONE]\n\n"),
+    ("responses", "json"): (None, b"}"),
+    ("responses", "stream"): (b"event: response.completed\n", b"}\n\n"),
+}
 
 
-def fake_upstream() -> FakeUpstream:
-    """The tests' fake, keeping no requests: every chat call gets the same short answer."""
-    fake = FakeUpstream(record=False)
+def fake_upstream() -> FakeResponses:
+    """The tests' Responses fake (which serves chat too), keeping no requests: every call
+    gets the same short answer."""
+    fake = FakeResponses()
+    fake.record = False
     reply = Reply(content=ANSWER, usage=USAGE)
     fake.chat = lambda body: reply
+    answer = Answer(text=RESPONSES_ANSWER)
+    fake.respond = lambda body: answer
     return fake
 
 
@@ -175,16 +197,21 @@ def recap_config(upstream: str, store: str, workdir: Path) -> Path:
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
 
 
-async def timed(client: httpx.AsyncClient, url: str, body: bytes, mode: str) -> float:
-    """Seconds from sending the request to the last byte of the answer (checked)."""
+async def timed(client: httpx.AsyncClient, url: str, bodies: Bodies, mode: str) -> float:
+    """Seconds from sending the next request of `bodies` to the last byte of the answer
+    (checked: complete, as ENDINGS says for its API and mode)."""
+    body = bodies.next(mode)
+    marker, end = ENDINGS[bodies.api, mode]
+    seen = marker is None
     start = time.perf_counter()
     async with client.stream("POST", url, content=body, headers=HEADERS) as response:
         tail = b""
         async for chunk in response.aiter_raw():
-            tail = (tail + chunk)[-64:]
+            joined = tail + chunk
+            seen = seen or (marker is not None and marker in joined)
+            tail = joined[-64:]
     elapsed = time.perf_counter() - start
-    ok = tail.endswith(b"data: [DONE]\n\n") if mode == "stream" else tail.endswith(b"}")
-    if response.status_code != 200 or not ok:
+    if response.status_code != 200 or not seen or not tail.endswith(end):
         raise BenchError(f"{url} ({mode}) answered {response.status_code}, ending {tail!r}")
     return elapsed
 
@@ -202,9 +229,7 @@ async def latency_rounds(
     for r in range(rounds):
         for mode in rotated(MODES, r):
             for target in rotated(list(urls), r):
-                times[mode][target].append(
-                    await timed(client, urls[target], bodies.next(mode), mode)
-                )
+                times[mode][target].append(await timed(client, urls[target], bodies, mode))
     return times
 
 
@@ -219,7 +244,7 @@ async def window(
     async def worker() -> None:
         nonlocal done
         while time.perf_counter() < deadline:
-            await timed(client, url, bodies.next("stream"), "stream")
+            await timed(client, url, bodies, "stream")
             done += 1
 
     await asyncio.gather(*(worker() for _ in range(workers)))
@@ -274,7 +299,8 @@ class Figures:
     latency: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     rps: dict[str, float] = field(default_factory=dict)
     cpu_ms: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Which of Recap's requests (in its log's order) were the sequential latency rounds.
+    # Which of Recap's requests to this API (in its log's order) were the sequential latency
+    # rounds.
     recap_c1: tuple[int, int] = (0, 0)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -360,15 +386,19 @@ def cpu_table(figures: Figures, concurrency: int) -> str:
     return markdown_table(header, rows, "lrrr")
 
 
-def recap_log_figures(log: Path, rows: tuple[int, int]) -> dict[str, float]:
-    """Recap's own view of the latency rounds (c=1): its access log's `overhead_ms` (time from
-    the request's arrival to forwarding it) and `total_ms`."""
+def recap_log_figures(log: Path, path: str, rows: tuple[int, int]) -> dict[str, float]:
+    """Recap's own view of the latency rounds (c=1) to `path`: its access log's `overhead_ms`
+    (time from the request's arrival to forwarding it) and `total_ms`."""
     records: list[dict[str, Any]] = []
     with contextlib.suppress(OSError), log.open(encoding="utf-8") as f:
         for line in f:
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
-                if record.get("logger") == "recap.access" and "overhead_ms" in record:
+                if (
+                    record.get("logger") == "recap.access"
+                    and record.get("path") == path
+                    and "overhead_ms" in record
+                ):
                     records.append(record)
     picked = records[rows[0] : rows[1]]
     if not picked:
@@ -392,17 +422,21 @@ def command_line(argv: Sequence[str]) -> str:
 
 def effective_command(args: argparse.Namespace) -> str:
     return (
-        f"python -m benchmarks.overhead --requests {args.requests} --warmup {args.warmup} "
+        f"python -m benchmarks.overhead --api {args.api} --requests {args.requests} "
+        f"--warmup {args.warmup} "
         f"--concurrency {args.concurrency} --duration-s {args.duration_s} "
         f"--slice-s {args.slice_s} --store {shlex.quote(redact(args.store))}"
     )
 
 
-async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> Figures:
-    bodies = Bodies()
+async def measure(
+    api: str, urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace
+) -> Figures:
+    """One API's figures."""
+    bodies = Bodies(api)
     limits = httpx.Limits(max_connections=args.concurrency * 2, keepalive_expiry=60)
     async with httpx.AsyncClient(limits=limits, timeout=30, trust_env=False) as client:
-        print(f"warm-up: {args.warmup} rounds ...", file=sys.stderr, flush=True)
+        print(f"{api}: warm-up: {args.warmup} rounds ...", file=sys.stderr, flush=True)
         sent = 0
         for target in urls:  # fill every pool on the path with `concurrency` connections
             count, _ = await window(
@@ -411,10 +445,10 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
             sent += count if target == "recap" else 0
         await latency_rounds(client, urls, bodies, args.warmup)
         sent += len(MODES) * args.warmup
-        print(f"latency: {args.requests} rounds at c=1 ...", file=sys.stderr, flush=True)
+        print(f"{api}: latency: {args.requests} rounds at c=1 ...", file=sys.stderr, flush=True)
         times = await latency_rounds(client, urls, bodies, args.requests)
         print(
-            f"throughput: {args.duration_s} s per target at c={args.concurrency} ...",
+            f"{api}: throughput: {args.duration_s} s per target at c={args.concurrency} ...",
             file=sys.stderr,
             flush=True,
         )
@@ -424,13 +458,47 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
     return figures
 
 
+def apis(args: argparse.Namespace) -> list[str]:
+    return list(APIS) if args.api == "both" else [args.api]
+
+
+def report(api: str, figures: Figures, log: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Print one API's tables and verdicts; its figures as JSON."""
+    print(f"## {api} ({PATHS[api]})\n")
+    print(table(figures, args.concurrency))
+    print()
+    print(cpu_table(figures, args.concurrency))
+    print()
+    for v in figures.verdicts:
+        print(
+            f"{'PASS' if v['pass'] else 'MISS'}  {api}: {v['target']}: recap {v['recap']:.2f}, "
+            f"limit {v['limit']:.2f}"
+        )
+    logged = recap_log_figures(log, PATHS[api], figures.recap_c1)
+    if logged:
+        print(
+            f"\nrecap's access log, c=1 rounds: time from arrival to forwarding p50 "
+            f"{logged['overhead_ms_p50']:.2f} ms, p99 {logged['overhead_ms_p99']:.2f} ms; "
+            f"total p50 {logged['total_ms_p50']:.2f} ms"
+        )
+    print()
+    return {
+        "latency_ms": figures.latency,
+        "rps_stream": figures.rps,
+        "cpu_ms_per_request_stream": figures.cpu_ms,
+        "verdicts": figures.verdicts,
+        "recap_log": logged,
+    }
+
+
 def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
     print(f"$ {command_line(argv)}")
     print(f"(all options: {effective_command(args)})")
     print(environment())
-    sizes = {m: len(Bodies().next(m)) for m in MODES}
+    sizes = {api: {m: len(Bodies(api).next(m)) for m in MODES} for api in apis(args)}
+    described = ", ".join(f"{api} {sizes[api]['json']}" for api in apis(args))
     print(
-        f"request: 20 messages, {sizes['json']} bytes of JSON; store: {redact(args.store)}\n",
+        f"request: 20 messages, bytes of JSON: {described}; store: {redact(args.store)}\n",
         flush=True,
     )
     up_port, bare_port, recap_port = free_port(), free_port(), free_port()
@@ -450,30 +518,15 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
         )
         recap_cmd = recap_command(config, recap_port, [*profile, "-m", "proxy"])
         recap = stack_.enter_context(running("recap", recap_cmd, recap_port, workdir))
-        urls = {
-            t: s.url + "/v1/chat/completions"
-            for t, s in (("direct", upstream), ("bare", bare), ("recap", recap))
-        }
+        servers = (("direct", upstream), ("bare", bare), ("recap", recap))
         pids = {"direct": upstream.proc.pid, "bare": bare.proc.pid, "recap": recap.proc.pid}
-        figures = asyncio.run(measure(urls, pids, args))
-    print(table(figures, args.concurrency))
-    print()
-    print(cpu_table(figures, args.concurrency))
-    print()
-    for v in figures.verdicts:
-        print(
-            f"{'PASS' if v['pass'] else 'MISS'}  {v['target']}: recap {v['recap']:.2f}, "
-            f"limit {v['limit']:.2f}"
-        )
-    logged = recap_log_figures(recap.log, figures.recap_c1)
-    if logged:
-        print(
-            f"\nrecap's access log, c=1 rounds: time from arrival to forwarding p50 "
-            f"{logged['overhead_ms_p50']:.2f} ms, p99 {logged['overhead_ms_p99']:.2f} ms; "
-            f"total p50 {logged['total_ms_p50']:.2f} ms"
-        )
+        measured: dict[str, Figures] = {}
+        for api in apis(args):
+            urls = {t: s.url + PATHS[api] for t, s in servers}
+            measured[api] = asyncio.run(measure(api, urls, pids, args))
+    by_api = {api: report(api, figures, recap.log, args) for api, figures in measured.items()}
     print(
-        "\nadded = per-round (target - direct) latency, then its percentile; RPS from "
+        "added = per-round (target - direct) latency, then its percentile; RPS from "
         f"{args.slice_s:g} s windows alternating between targets."
     )
     if args.json:
@@ -485,11 +538,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
             "cores": os.cpu_count(),
             "stack": stack(),
             "request_bytes": sizes,
-            "latency_ms": figures.latency,
-            "rps_stream": figures.rps,
-            "cpu_ms_per_request_stream": figures.cpu_ms,
-            "verdicts": figures.verdicts,
-            "recap_log": logged,
+            "apis": by_api,
         }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     return 0
@@ -498,6 +547,13 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.overhead", description="Recap's added latency and throughput."
+    )
+    p.add_argument(
+        "--api",
+        choices=[*APIS, "both"],
+        default="both",
+        help="the API measured: chat (/v1/chat/completions), responses (/v1/responses) or "
+        "both, one after the other (default)",
     )
     p.add_argument("--requests", type=int, default=400, help="latency rounds at c=1 (default 400)")
     p.add_argument("--warmup", type=int, default=30, help="warm-up rounds, excluded (default 30)")

@@ -25,9 +25,17 @@ Figures (`benchmarks.metrics` says exactly how each is computed) go to stdout an
 --out (default benchmarks/out/): replay.md, replay.json and two PNG plots of the first chained
 session; with --docs (the default) the Markdown and the plots are also copied to docs/.
 
+`--api responses` sends every step to `/v1/responses` instead, in the Responses shape
+(`benchmarks.responses_shape`: the system prompt as `instructions`, assistant tool calls as
+`function_call` items, tool results as `function_call_output` items, `store` false); the fake
+answers in that shape, checks each input as OpenAI would, and logs it in chat form, so every
+figure is computed exactly as for chat and the two runs compare on the same sessions. Its
+files are named replay-responses.* (the baselines, in-process, are the same for both).
+
 Usage (from the repository root):
-    python -m benchmarks.replay [--peer URL] [--summarizer-url URL --summarizer-model M]
-        [--singles N] [--chains N] [--generated N] [--quick]
+    python -m benchmarks.replay [--api chat|responses] [--peer URL]
+        [--summarizer-url URL --summarizer-model M] [--singles N] [--chains N] [--generated N]
+        [--quick]
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODULE = "benchmarks.replay"
 OUT = REPO / "benchmarks" / "out"
 DOCS = REPO / "docs"
+PATHS = {"chat": "/chat/completions", "responses": "/responses"}  # after a /v1 base URL
 
 # Recap variants: name -> (description, overrides of tenants.default).
 # Tuned for cache: fewer, larger compactions, and fewer rewrites of the prompt between them
@@ -236,7 +245,7 @@ def run_servers(
     cmd = fake_command(MODULE, fake_port, *(relay if args.summarizer_url else ()))
     targets: list[tuple[str, str | None]] = [(v, None) for v in args.variants]
     if args.peer:
-        targets.append((args.peer_name, args.peer.rstrip("/") + "/chat/completions"))
+        targets.append((args.peer_name, args.peer.rstrip("/") + PATHS[args.api]))
     with (
         running("fake", cmd, fake_port, workdir) as fake,
         httpx.Client(
@@ -249,17 +258,27 @@ def run_servers(
                     overrides = args.variants[name][1]
                     server = recap_server(fake.url, workdir, name, overrides, windows)
                     url = stack.enter_context(server).url
-                    url += "/v1/chat/completions"
+                    url += "/v1" + PATHS[args.api]
                 for input_set in sets:
                     start = time.perf_counter()
                     for session in input_set.sessions:
-                        run = replay_session(client, url, fake.url, session, f"{name}/{session.id}")
+                        conversation = f"{name}/{session.id}"
+                        run = replay_session(client, url, fake.url, session, conversation, args.api)
                         results.add(name, input_set, run)
                     progress(f"  {name} on {input_set.name}: {time.perf_counter() - start:.1f} s")
 
 
 def command_line(argv: Sequence[str]) -> str:
     return " ".join([f"python -m {MODULE}", *map(shlex.quote, argv)])
+
+
+def api_line(api: str) -> str:
+    if api == "chat":
+        return "chat completions (`/v1/chat/completions`)"
+    return (
+        "Responses (`/v1/responses`; figures computed on the forwarded input read back as "
+        "chat messages, invalid also counting what the upstream's input check rejects)"
+    )
 
 
 def report(args: argparse.Namespace, argv: Sequence[str], results: Results, elapsed: float) -> str:
@@ -286,7 +305,7 @@ def report(args: argparse.Namespace, argv: Sequence[str], results: Results, elap
         f"`{command_line(argv)}`",
         "",
         f"Revision {git_revision()}; Python {platform.python_version()}; {os.cpu_count()} cores; "
-        f"{elapsed:.0f} s. Summarizer: {summarizer}.",
+        f"{elapsed:.0f} s. Summarizer: {summarizer}. API: {api_line(args.api)}.",
         "",
         "Strategies:",
         "",
@@ -319,10 +338,12 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "replay.md").write_text(text, encoding="utf-8")
+    stem = "replay" if args.api == "chat" else f"replay-{args.api}"
+    (out / f"{stem}.md").write_text(text, encoding="utf-8")
     data = {
         "command": command_line(argv),
         "revision": git_revision(),
+        "api": args.api,
         "sets": {
             s.name: {
                 "title": s.title,
@@ -342,18 +363,18 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
             },
         },
     }
-    (out / "replay.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     pngs = (
-        plots(results.series, sets[0].window, f"{results.plotted} ({sets[0].name})", out)
+        plots(results.series, sets[0].window, f"{results.plotted} ({sets[0].name})", out, stem)
         if sets
         else None
     )
     if pngs is None:
         progress("matplotlib is not installed (pip install '.[bench]'): plots skipped")
-    written = [out / "replay.md", out / "replay.json", *(pngs or ())]
+    written = [out / f"{stem}.md", out / f"{stem}.json", *(pngs or ())]
     if args.docs:
         DOCS.mkdir(exist_ok=True)
-        for path in [out / "replay.md", *(pngs or ())]:
+        for path in [out / f"{stem}.md", *(pngs or ())]:
             shutil.copy(path, DOCS / path.name)
             written.append(DOCS / path.name)
     progress(
@@ -366,6 +387,13 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.replay", description=__doc__.split("\n")[0] if __doc__ else None
+    )
+    p.add_argument(
+        "--api",
+        choices=list(PATHS),
+        default="chat",
+        help="send the histories to /v1/chat/completions (default) or, in the Responses "
+        "shape, to /v1/responses",
     )
     p.add_argument("--data", default=str(TAUBENCH), help="τ-bench JSONL (default: tests/data)")
     p.add_argument("--window", type=int, default=16000, help="window of chained/generated sessions")

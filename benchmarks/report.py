@@ -194,9 +194,10 @@ def have_matplotlib() -> bool:
 
 
 def plots(
-    series: Sequence[Series], window: int, title: str, out_dir: Path
+    series: Sequence[Series], window: int, title: str, out_dir: Path, stem: str = "replay"
 ) -> tuple[Path, Path] | None:
-    """tokens per step (the saw-tooth) and cumulative tokens; None without matplotlib."""
+    """tokens per step (the saw-tooth) and cumulative tokens, as STEM-tokens.png and
+    STEM-cumulative.png; None without matplotlib."""
     if not have_matplotlib():
         return None
     import matplotlib
@@ -212,7 +213,7 @@ def plots(
         "recap-noguard": ("#ff9896", ":"),
         "recap-cache": ("#1f77b4", "-"),
     }
-    tokens_png, cumulative_png = out_dir / "replay-tokens.png", out_dir / "replay-cumulative.png"
+    tokens_png, cumulative_png = out_dir / f"{stem}-tokens.png", out_dir / f"{stem}-cumulative.png"
 
     fig, ax = plt.subplots(figsize=(10, 5.2), dpi=110)
     for s in series:

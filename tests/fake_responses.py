@@ -170,7 +170,7 @@ class FakeResponses(FakeUpstream):
         if not body.get("stream"):
             return JSONResponse(response)
         return StreamingResponse(
-            self._events(body, output, response), media_type="text/event-stream"
+            self._response_events(body, output, response), media_type="text/event-stream"
         )
 
     def _id(self, prefix: str) -> str:
@@ -243,7 +243,8 @@ class FakeResponses(FakeUpstream):
             "metadata": {},
         }
 
-    async def _events(
+    # Not `_events`: that is FakeUpstream's chat stream, which this fake serves too.
+    async def _response_events(
         self, body: dict[str, Any], output: list[dict[str, Any]], final: dict[str, Any]
     ) -> AsyncIterator[bytes]:
         for event in _stream(self._response(body, output, "in_progress"), output, final):

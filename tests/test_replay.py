@@ -21,6 +21,7 @@ from benchmarks.fakeup import (
     replay_session,
 )
 from benchmarks.metrics import Figures, Run, Step, Weigher, add_run, common_prefix, retention
+from benchmarks.responses_shape import request_body
 from benchmarks.sessions import Fact, Session, chain, facts_of, generate, model_calls
 from benchmarks.strategies import middle_out, no_compaction, sliding_window
 from proxy.conversation import check_history, valid_cut_points
@@ -264,17 +265,45 @@ def test_fact_retention_counts_only_compacted_first_mentions() -> None:
 # -- the replay's fake upstream, on a real server --------------------------------------------
 
 
-def test_the_fake_answers_every_step_with_its_recorded_message() -> None:
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_the_fake_answers_every_step_with_its_recorded_message(api: str) -> None:
     session = generate(3, 40, "m")
     fake = ReplayUpstream()
+    path = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}[api]
     with serve(fake.app) as url, httpx.Client(trust_env=False) as client:
-        # With no proxy in front, what the fake receives is the recorded history itself.
-        run = replay_session(client, url + "/v1/chat/completions", url, session, "c")
+        # With no proxy in front, what the fake receives is the recorded history itself
+        # (for Responses: read back from its items into the same chat messages).
+        run = replay_session(client, url + path, url, session, "c", api)
     assert [s.index for s in run.steps] == session.steps
     for step in run.steps:
         assert step.sent == session.messages[: step.index]
         assert step.summarizer_calls == 0 and step.added_ms is not None
+        assert list(step.problems) == []
     assert fake.requests == []  # the replay's fake keeps no bodies; its own log is read out
+
+
+def test_a_responses_input_openai_would_reject_is_counted_invalid() -> None:
+    session = generate(3, 40, "m")
+    step = session.steps[1]
+    body = request_body(session.model, session.messages[:step])
+    # A chat-style text part: the chat form reads as a valid history, the Responses input
+    # is not (its parts are input_text).
+    n = max(i for i, item in enumerate(body["input"]) if item.get("role") == "user")
+    text = body["input"][n]["content"]
+    body["input"][n] = {"role": "user", "content": [{"type": "text", "text": text}]}
+    fake = ReplayUpstream()
+    with serve(fake.app) as url, httpx.Client(trust_env=False) as client:
+        answers = [{"step": step, "last": "", "message": session.messages[step]}]
+        client.post(url + "/_replay/session", json={"answers": answers}).raise_for_status()
+        r = client.post(url + "/v1/responses", json=body, headers={"x-replay-step": str(step)})
+        (record,) = client.get(url + "/_replay/log").json()["records"]
+    assert r.status_code == 200
+    assert record["problems"] == [f"item {n}: content part of type 'text'"]
+    assert record["messages"] == session.messages[:step]  # the same chat form
+    fig = Figures("recap")
+    sent = Step(step, record["messages"], problems=record["problems"])
+    add_run(fig, Run(session, [sent]), 16000, Weigher(TokenCounter()))
+    assert fig.invalid == 1 and "content part of type" in fig.invalid_examples[0]
 
 
 def test_the_fake_summarizes_a_call_that_matches_no_step() -> None:
