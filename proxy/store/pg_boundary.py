@@ -18,7 +18,7 @@ import asyncpg
 from proxy.store.base import translating
 from proxy.store.migrations import SchemaTooNew
 from proxy.store.pg_migrations import NoSchema
-from proxy.store.sql import storable_json
+from proxy.store.rows import storable_json
 
 # Dead peers are noticed by the server within about a minute, so their locks go with them.
 SERVER_SETTINGS = {

@@ -42,7 +42,8 @@ from proxy.store.base import ConversationRef, StoreError
 from proxy.store.pg_boundary import clean_text, redact, server_settings, translated
 from proxy.store.pg_lock import AdvisoryLocks
 from proxy.store.pg_migrations import migrate
-from proxy.store.sql import SqlStore, Tx, numbered
+from proxy.store.rows import Tx, numbered
+from proxy.store.sql import SqlStore
 
 log = logging.getLogger("recap.store")
 

@@ -56,7 +56,8 @@ import aiosqlite
 from proxy.store.base import ConversationRef, KeyedLocks, StoreError, SummaryVersion
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import migrate
-from proxy.store.sql import Candidates, SqlStore, Tx
+from proxy.store.rows import Tx
+from proxy.store.sql import Candidates, SqlStore
 from proxy.store.sqlite_faults import (
     DatabaseFile,
     Fault,
