@@ -139,9 +139,14 @@ class Server:
 
 @contextlib.contextmanager
 def running(
-    name: str, cmd: Sequence[str], port: int, workdir: Path, ready_s: float = 30
+    name: str,
+    cmd: Sequence[str],
+    port: int,
+    workdir: Path,
+    ready_s: float = 30,
+    health: str = "/healthz",
 ) -> Iterator[Server]:
-    """Start a server process, wait (at most `ready_s`) until /healthz answers, stop it
+    """Start a server process, wait (at most `ready_s`) until `health` answers 200, stop it
     (SIGINT, then kill)."""
     log = workdir / f"{name}.log"
     env = {
@@ -163,11 +168,11 @@ def running(
                         f"ready; the end of its log ({log}):\n{server.log_tail()}"
                     )
                 with contextlib.suppress(httpx.TransportError):
-                    if client.get(server.url + "/healthz").status_code == 200:
+                    if client.get(server.url + health).status_code == 200:
                         break
                 if time.monotonic() > deadline:
                     raise BenchError(
-                        f"{name} did not answer /healthz within {ready_s:g} s:\n{server.log_tail()}"
+                        f"{name} did not answer {health} within {ready_s:g} s:\n{server.log_tail()}"
                     )
                 time.sleep(0.05)
         yield server
