@@ -459,6 +459,27 @@ def report(
         "How each figure is computed: `benchmarks/realmodel/run.py` and "
         "`benchmarks/realmodel/scoring.py` (docstrings).",
         "",
+        "## What this measures, and what not yet",
+        "",
+        "- A first cut of issue 15's item 1, run once: two Chinese conversations written for "
+        "it (tests/data/realmodel-zh.json) and one chain of τ-bench sessions; not yet the long "
+        "coding tool loop, nor more chains. Small samples: read the figures as examples, "
+        "not rates.",
+        "- No tuning: the packaged scenes and the proxy as they are. The windows are small so "
+        "that a compaction fires in a short conversation; `max_summary_chars` is lowered to "
+        "fit them.",
+        "- Gold facts: as the replay harness measures them (a value at risk is retained when it "
+        "is still somewhere in what went upstream at the step that needs it). Constraint: "
+        "verbatim in every summary that covers the message stating it. Decisions: the status "
+        "words on the lines of the latest covering summary that name the decision "
+        '(`scoring.decision_status`: a heuristic; "conflicting" when a summary states two '
+        'statuses for it, "missing" when no line names it). Language: the share of CJK '
+        "ideographs among letters outside headings and identifiers.",
+        "- Latency and tokens are per compaction (Recap's audit record and the summary "
+        "version's usage), not per HTTP call: a compaction of several batches is one row.",
+        "- Not measured: whether the summary is true (invented names, URLs, contradictions): "
+        "read the summaries below.",
+        "",
         "## Compactions (Recap's audit)",
         "",
         calls_table(results),
