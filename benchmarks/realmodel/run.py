@@ -12,7 +12,7 @@ each its own process:
                 so the harness can read the summaries and the compaction audit
 
 and replays, step by step as `benchmarks.replay` does (`replay_session`), the Chinese
-conversations of tests/data/realmodel-zh.json (window --window) and --chains chained
+conversations of tests/data/realmodel-zh.json (in each window of --window) and --chains chained
 τ-bench sessions from tests/data (window --tau-window). It prints, per conversation:
 
 - gold-fact retention, as the replay harness measures it (`benchmarks.metrics.retention`);
@@ -103,8 +103,11 @@ def load_chinese(path: Path, window: int) -> list[Item]:
     for conv in data["conversations"]:
         messages: list[dict[str, Any]] = conv["messages"]
         last = list(model_calls(messages))[-1]
-        facts = tuple(Fact(v, last, "final answer", conv["id"]) for v in conv["facts"])
-        session = Session(conv["id"], "chinese", model_for(window), messages, facts)
+        facts = tuple(
+            Fact(v, last, "final answer", f"{conv['id']}@{window}") for v in conv["facts"]
+        )
+        name = f"{conv['id']}@{window}"
+        session = Session(name, "chinese", model_for(window), messages, facts)
 
         def where(text: str, role: str | None = None, msgs: list[dict[str, Any]] = messages) -> int:
             return next(
@@ -228,7 +231,7 @@ def recap_config(args: argparse.Namespace, fake: str, llama: str, workdir: Path)
             }
         },
     }
-    windows = sorted({args.window, args.tau_window})
+    windows = sorted({*args.window, args.tau_window})
     data = {
         "store": f"sqlite:///{workdir / 'recap.db'}",
         "inspection_open": True,
@@ -313,7 +316,8 @@ def summary_table(results: list[Result]) -> str:
         f = r.figures
         kept = [v.constraint_kept for v in r.versions if v.constraint_kept is not None]
         langs = Counter(v.language for v in r.versions)
-        failed = [c for c in r.compactions if c.get("outcome") == "failed"]
+        summaries = [c for c in r.compactions if c.get("layer") != "trim"]  # a model call
+        failed = [c for c in summaries if c.get("outcome") == "failed"]
         causes = Counter(str(c.get("detail") or "?") for c in failed)
         rows.append(
             (
@@ -327,7 +331,7 @@ def summary_table(results: list[Result]) -> str:
                 if r.item.decisions
                 else "n/a",
                 f"{langs.get(r.item.language, 0)}/{len(r.versions)} in {r.item.language}",
-                len([c for c in r.compactions if c.get("outcome") == "ok"]),
+                len([c for c in summaries if c.get("outcome") == "ok"]),
                 ", ".join(f"{n}× {c}" for c, n in causes.items()) or "0",
                 f.drop_steps,
                 f"{r.seconds:.0f}",
@@ -343,7 +347,7 @@ def summary_table(results: list[Result]) -> str:
             "constraint sent at the end",
             "decisions right",
             "summary language",
-            "compactions ok",
+            "summaries ok",
             "failed (cause)",
             "steps with history dropped",
             "seconds",
@@ -357,6 +361,8 @@ def calls_table(results: list[Result]) -> str:
     rows = []
     for r in results:
         for c in r.compactions:
+            if c.get("layer") == "trim":  # no model call: counted in the note below
+                continue
             rows.append(
                 (
                     r.item.session.id,
@@ -484,6 +490,13 @@ def report(
         "",
         calls_table(results),
         "",
+        "Trims of old tool results (no model call) left out: "
+        + ", ".join(
+            f"{r.item.session.id} {sum(c.get('layer') == 'trim' for c in r.compactions)}"
+            for r in results
+        )
+        + ".",
+        "",
         "## Summary versions (the summarizer's tokens per summary)",
         "",
         versions_table(results),
@@ -516,7 +529,7 @@ def report(
 def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
     print(f"$ {command_line(argv)}", flush=True)
     started = time.perf_counter()
-    items = load_chinese(Path(args.data), args.window)[: args.chinese]
+    items = [item for w in args.window for item in load_chinese(Path(args.data), w)[: args.chinese]]
     items += load_tau(args.chains, args.tasks_per_chain, args.tau_window)
     results = replay_all(args, items, workdir)
     text = report(args, argv, results, time.perf_counter() - started)
@@ -536,7 +549,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--n-ctx", type=int, default=16384, help="the model server's context")
     p.add_argument("--data", default=str(DATA), help="the Chinese conversations (JSON)")
     p.add_argument("--chinese", type=int, default=2, help="how many Chinese conversations")
-    p.add_argument("--window", type=int, default=2000, help="window of the Chinese ones")
+    p.add_argument(
+        "--window",
+        type=int,
+        nargs="+",
+        default=[2000, 1400],
+        help="windows of the Chinese ones (each conversation is replayed in each)",
+    )
     p.add_argument("--chains", type=int, default=1, help="chained τ-bench sessions")
     p.add_argument("--tasks-per-chain", type=int, default=2)
     p.add_argument("--tau-window", type=int, default=6000, help="window of the τ-bench chains")
