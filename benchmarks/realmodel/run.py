@@ -316,7 +316,8 @@ def summary_table(results: list[Result]) -> str:
         f = r.figures
         kept = [v.constraint_kept for v in r.versions if v.constraint_kept is not None]
         langs = Counter(v.language for v in r.versions)
-        summaries = [c for c in r.compactions if c.get("layer") != "trim"]  # a model call
+        # Summarizer calls only: trims and last-resort drops make none.
+        summaries = [c for c in r.compactions if c.get("layer") in ("session", "loop", "manual")]
         failed = [c for c in summaries if c.get("outcome") == "failed"]
         causes = Counter(str(c.get("detail") or "?") for c in failed)
         rows.append(
