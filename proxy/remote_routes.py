@@ -28,7 +28,7 @@ from proxy.chat_body import decode_body
 from proxy.config import Tenant
 from proxy.dialects.base import Parsed, Unparsed
 from proxy.dialects.chat import parse_json, write_json
-from proxy.dialects.responses import ResponsesDialect
+from proxy.dialects.responses import ResponsesDialect, server_history_key
 from proxy.errors import BadRequest, RecapError
 from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
@@ -228,7 +228,7 @@ class CodexGate(_Compaction):
                 await self.route(scope, _replay(read.raw, receive), send)
                 return
             body, kept, _ = found
-            if body.get("previous_response_id") is not None or body.get("conversation") is not None:
+            if server_history_key(body) is not None:
                 # The upstream holds the history: Recap cannot compact or expand it.
                 log.info(
                     "compaction item or trigger with a history the upstream holds: forwarded",

@@ -154,6 +154,12 @@ def group(items: Sequence[dict[str, Any]], sources: dict[int, list[Any]]) -> lis
     return out
 
 
+def server_history_key(body: Mapping[str, Any]) -> str | None:
+    """The field that makes the upstream hold the history (Recap cannot see it), if any."""
+    keys = ("previous_response_id", "conversation")
+    return next((k for k in keys if body.get(k) is not None), None)
+
+
 class ResponsesDialect:
     name = "responses"
     history_key = "input"
@@ -164,11 +170,9 @@ class ResponsesDialect:
         if isinstance(loaded, Unparsed):
             return loaded
         body, kept = loaded
-        for key in ("previous_response_id", "conversation"):
-            if body.get(key) is not None:
-                return Unparsed(
-                    PassReason.SERVER_HISTORY, f"{key} set: the upstream holds the history"
-                )
+        key = server_history_key(body)
+        if key is not None:
+            return Unparsed(PassReason.SERVER_HISTORY, f"{key} set: the upstream holds the history")
         value = body.get("input")
         if isinstance(value, str):
             items: list[Any] = [{"role": "user", "content": value}]
