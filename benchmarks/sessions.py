@@ -13,6 +13,9 @@ Three input sets:
   generated  seeded coding-agent sessions of 500+ messages with long tool outputs, long tool
              loops (loop working memory fires) and deploy calls that use a ticket and a build
              id seen hundreds of messages earlier (the facts of these sessions)
+  loop       one seeded coding-agent turn that is a single long tool loop (`coding_loop`):
+             investigate, fix, test, commit, build, more work, then deploy and close the
+             ticket with the build id and commit seen many rounds earlier (its facts)
 """
 
 from __future__ import annotations
@@ -325,3 +328,53 @@ def generate(seed: int, min_messages: int, model: str) -> Session:
     name = f"gen-seed{seed}"
     facts = facts_of(gen.messages, gen.gold, (0, len(gen.messages)), name)
     return Session(name, "generated", model, gen.messages, tuple(facts))
+
+
+def coding_loop(seed: int, rounds: int, model: str) -> Session:
+    """One user turn answered by one tool loop of about `rounds` tool rounds, the same for a
+    seed: loop working memory (not the session summary) must carry its facts.
+
+    The user's request states a constraint without quotation marks, as users write. Half the
+    work rounds come before the fix is committed and built, half after; the last two calls,
+    deploy(build_id, ticket) and close_ticket(ticket, commit, build_id), use the build id and
+    the commit that only earlier tool results hold."""
+    gen = _Gen(seed)
+    module = gen.rng.choice(MODULES)
+    ticket = f"OPS-{gen.rng.randint(1000, 9999)}"
+    gen.messages.append(
+        {
+            "role": "user",
+            "content": f"Ticket {ticket}: the {module} service drops {gen.word()}s under load. "
+            f"Find the cause, fix it with a test, commit, build services/{module} and deploy "
+            f"the build, then close the ticket. Don't change the public API of {module}, and "
+            "never deploy a build whose tests fail.",
+        }
+    )
+    work = max(rounds - 5, 2)
+    for _ in range(work // 2):
+        gen.work_round()
+    target = f"tests/test_{module}.py"
+    gen.result(gen.call("run_tests", {"target": target}), "run_tests", gen.test_log(target, 0))
+    commit = f"{gen.rng.getrandbits(28):07x}"
+    message = f"{ticket}: accept retries in the {module} {gen.word()} guard"
+    cid = gen.call("git_commit", {"message": message})
+    gen.result(cid, "git_commit", f"[main {commit}] {message}\n 2 files changed")
+    build_id = f"bld-{gen.rng.getrandbits(32):08x}"
+    log = "\n".join(
+        [f"[{n:03d}] compiling {gen.path()}" for n in range(gen.rng.randint(20, 60))]
+        + [f"Build {build_id} finished: services/{module} OK"]
+    )
+    gen.result(gen.call("build", {"target": f"services/{module}"}), "build", log)
+    for _ in range(work - work // 2):
+        gen.work_round()
+    deploy = {"build_id": build_id, "ticket": ticket}
+    gen.result(gen.call("deploy", deploy), "deploy", f"deployed {build_id} to production")
+    close = {"ticket": ticket, "commit": commit, "build_id": build_id}
+    gen.result(gen.call("close_ticket", close), "close_ticket", f"{ticket} closed")
+    gen.messages.append(
+        {"role": "assistant", "content": f"Fixed in {commit}, deployed {build_id}; closed."}
+    )
+    gold = [{"name": "deploy", "kwargs": deploy}, {"name": "close_ticket", "kwargs": close}]
+    name = f"loop-seed{seed}"
+    facts = facts_of(gen.messages, gold, (0, len(gen.messages)), name)
+    return Session(name, "loop", model, gen.messages, tuple(facts))

@@ -22,7 +22,15 @@ from benchmarks.fakeup import (
 )
 from benchmarks.metrics import Figures, Run, Step, Weigher, add_run, common_prefix, retention
 from benchmarks.responses_shape import request_body
-from benchmarks.sessions import Fact, Session, chain, facts_of, generate, model_calls
+from benchmarks.sessions import (
+    Fact,
+    Session,
+    chain,
+    coding_loop,
+    facts_of,
+    generate,
+    model_calls,
+)
 from benchmarks.strategies import middle_out, no_compaction, sliding_window
 from proxy.conversation import check_history, valid_cut_points
 from proxy.planning.framing import check_summary, extract_summary
@@ -70,6 +78,25 @@ def test_generated_sessions_are_long_valid_and_seeded() -> None:
         if fact.value.startswith("OPS-"):
             first = next(i for i, m in enumerate(s.messages) if fact.value in str(m["content"]))
             assert s.messages[first]["role"] == "user" and fact.step - first > 20
+
+
+def test_a_coding_loop_is_one_turn_whose_facts_only_old_tool_results_hold() -> None:
+    s = coding_loop(7, 24, "m")
+    assert check_history(s.messages) == []
+    assert coding_loop(7, 24, "m").messages == s.messages
+    assert [m["role"] for m in s.messages].count("user") == 1  # one turn: one tool loop
+    rounds = sum(1 for m in s.messages if m["role"] == "assistant" and m.get("tool_calls"))
+    assert rounds >= 24
+    assert {f.action for f in s.facts} == {"deploy", "close_ticket"}
+    for fact in s.facts:
+        if fact.value.startswith("OPS-"):
+            continue  # the ticket is in the request, which stays raw
+        # The build id and the commit come from a tool result more than 5 rounds back:
+        # the loop's raw tail does not hold them, its working summary must.
+        first = next(i for i, m in enumerate(s.messages) if fact.value in str(m["content"]))
+        assert s.messages[first]["role"] == "tool"
+        later_rounds = sum(1 for m in s.messages[first : fact.step] if m["role"] == "assistant")
+        assert later_rounds > 5
 
 
 @needs_data
