@@ -33,6 +33,7 @@ from proxy.conversation import is_turn_start, tool_rounds, turn_starts
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
 from proxy.planning.framing import prompt_chars, summary_message
+from proxy.planning.guard import Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
 from proxy.planning.outcome import CompactionOutcome, log_started
 from proxy.planning.transcript import content_text, detect_language, head_tail, render_transcript
@@ -218,7 +219,11 @@ class LoopStage:
             model=ex.model,
             authorization=ex.headers.get("authorization"),
             max_chars=session.max_summary_chars,
-            replaced=([{"role": "assistant", "content": state.summary}] if state else []) + folded,
+            replaced=[
+                *([{"role": "assistant", "content": state.summary}] if state else []),
+                *folded,
+                Seen(goal),  # shown to the summarizer, not replaced: the goal stays raw
+            ],
         )
 
     async def _store(

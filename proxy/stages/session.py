@@ -28,6 +28,7 @@ from proxy.identity import is_derived
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
 from proxy.planning.framing import prompt_chars, summary_message
+from proxy.planning.guard import Seen
 from proxy.planning.outcome import CompactionOutcome, log_started
 from proxy.planning.session import AppliedSummary, SessionPlan, plan_session, session_view
 from proxy.planning.transcript import content_text, detect_language, head_tail, render_transcript
@@ -220,9 +221,12 @@ class SessionStage:
                     authorization=ex.headers.get("authorization"),
                     max_chars=policy.max_summary_chars,
                     # The previous summary too: what the merge dropped from it is restored.
-                    replaced=[{"role": "assistant", "content": summary}, *span]
-                    if summary
-                    else span,
+                    # The current message is input the summary does not replace (Seen).
+                    replaced=[
+                        *([{"role": "assistant", "content": summary}] if summary else []),
+                        *span,
+                        *([Seen(current)] if current else []),
+                    ],
                 )
             except SummarizerFailed as exc:
                 run.failure = exc.reason
