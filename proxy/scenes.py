@@ -14,7 +14,10 @@ placeholders plus two section forms, `{{#v}}...{{/v}}` (kept when v is
 non-blank) and `{{^v}}...{{/v}}` (kept when v is blank). A section tag alone on
 its line takes the line with it, so optional blocks leave no blank lines behind.
 Values are inserted verbatim in a single pass: a value that itself contains
-`{{x}}` is never expanded, which matters because transcripts are user text.
+`{{x}}` is never expanded, which matters because transcripts are user text. One
+value is spelled out: `language`, a language's English name, is written with its
+own name beside it ("Chinese (中文)", `language_label`), which small models follow
+more reliably than the English name alone.
 """
 
 from __future__ import annotations
@@ -61,6 +64,18 @@ KINDS: Mapping[str, SceneKind] = MappingProxyType(
         ),
     }
 )
+
+
+# The names detect_language gives (proxy.planning.transcript), in their own script.
+NATIVE_NAMES: Mapping[str, str] = MappingProxyType(
+    {"Chinese": "中文", "Japanese": "日本語", "Korean": "한국어"}
+)
+
+
+def language_label(language: str) -> str:
+    """ "Chinese" -> "Chinese (中文)"; a name without a native spelling listed stays as is."""
+    native = NATIVE_NAMES.get(language.strip())
+    return f"{language.strip()} ({native})" if native else language
 
 
 @dataclass(frozen=True)
@@ -261,6 +276,8 @@ def render(scene: Scene, **values: str | int) -> tuple[str, str]:
         if missing:
             raise SceneError(f"scene {scene.name}: no value for {', '.join(missing)}")
     text = {k: v if isinstance(v, str) else str(v) for k, v in values.items()}
+    if "language" in text:
+        text["language"] = language_label(text["language"])
     rendered: list[str] = []
     for template in (scene.system, scene.user):
         out: list[str] = []

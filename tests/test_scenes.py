@@ -17,6 +17,7 @@ DATA = Path(__file__).resolve().parent / "data" / "taubench-airline-dev.jsonl"
 
 SESSION_SECTIONS = [
     "User Goal",
+    "User Constraints",
     "Confirmed Facts",
     "Decisions Made",
     "Open Issues",
@@ -53,19 +54,50 @@ def test_shipped_scenes_load_with_documented_defaults() -> None:
         assert scene.description
 
 
-def test_session_scene_asks_for_the_six_sections_in_order() -> None:
-    system, _ = render(SceneSet(SCENES_DIR).get("session_compact"), transcript="User: hi")
-    block = system[system.index("<summary>\n") : system.rindex("</summary>")]
+def test_session_scene_asks_for_its_sections_in_order() -> None:
+    _, user = render(SceneSet(SCENES_DIR).get("session_compact"), transcript="User: hi")
+    block = user[user.index("<summary>\n") : user.rindex("</summary>")]
     positions = [block.index(f"## {s}") for s in SESSION_SECTIONS]
     assert positions == sorted(positions)
-    for phrase in ("verbatim", "existing summary", "pending", "next step"):
-        assert phrase in system
+    for phrase in ("word for word", "pending", "next step"):
+        assert phrase in user
+
+
+@pytest.mark.parametrize("kind", ["session_compact", "loop_compact"])
+def test_instructions_come_after_the_data(kind: str) -> None:
+    """A small model follows what it read last: the data first, then the task, the rules,
+    the language and the format; the system message only says what the job is."""
+    system, user = render(
+        SceneSet(SCENES_DIR).get(kind),
+        transcript="User: 你好 TRANSCRIPT-END",
+        existing_summary="EXISTING-SUMMARY",
+        max_summary_chars=900,
+        language="Chinese",
+    )
+    data_end = user.index("TRANSCRIPT-END")
+    assert user.index("EXISTING-SUMMARY") < data_end
+    for phrase in ("Keep, precisely", "Never write a URL, path", "within 900", "<summary>"):
+        assert data_end < user.index(phrase), phrase
+        assert phrase not in system
+    assert user.index("within 900") < user.index("Chinese (中文)") < user.index("<summary>")
+    assert "unchanged is wrong" in user  # a merge that copies the old summary is not one
+    assert "data" in system and "instruction" in system
+
+
+def test_session_scene_asks_for_statuses_quoted_constraints_and_nothing_invented() -> None:
+    _, user = render(SceneSet(SCENES_DIR).get("session_compact"), transcript="User: hi")
+    for status in ('"approved:"', '"rejected:"', '"deferred:"'):
+        assert status in user
+    assert "Never give one decision two statuses" in user
+    assert "with or without quotation marks" in user  # constraints, however they are written
+    assert "Never write a URL, path, id, name or" in user
+    assert "Do not copy tool results" in user
 
 
 def test_session_scene_renders_a_real_transcript_verbatim() -> None:
     session = json.loads(DATA.read_text(encoding="utf-8").splitlines()[0])
     transcript = render_transcript(session["messages"][1:], 500)
-    system, user = render(
+    _, user = render(
         SceneSet(SCENES_DIR).get("session_compact"),
         transcript=transcript,
         existing_summary="## User Goal\nBook JFK -> SEA on 2024-05-20 for mia_li_3668.",
@@ -76,24 +108,26 @@ def test_session_scene_renders_a_real_transcript_verbatim() -> None:
     assert transcript in user
     assert "Book JFK -> SEA on 2024-05-20 for mia_li_3668." in user
     assert "<current_message>\nThank you so much for your help! ###STOP###\n" in user
+    assert user.index("</conversation_history>") < user.index("</current_message>")
     assert "no existing summary" not in user
-    assert "within 6000 characters" in system
-    assert "Write the summary in English" in system
+    assert "within 6000 characters" in user
+    assert "Write the summary in English: every sentence in English" in user
 
 
 def test_optional_blocks_vanish_without_leaving_blank_runs() -> None:
     system, user = render(SceneSet(SCENES_DIR).get("session_compact"), transcript="User: 你好")
     assert "There is no existing summary" in user
     assert "<existing_summary>" not in user
+    assert "unchanged is wrong" not in user
     assert "<current_message>" not in user
-    assert "Keep the whole summary within" not in system
-    assert "in the language of the conversation" in system
+    assert "must stay within" not in user
+    assert "in the language the user writes in" in user
     assert "{{" not in system + user
     assert "\n\n\n" not in system + user
 
 
 def test_loop_scene_carries_goal_and_earlier_summary() -> None:
-    system, user = render(
+    _, user = render(
         SceneSet(SCENES_DIR).get("loop_compact"),
         transcript="Assistant called tool get_user_details({})",
         goal="帮我把航班改到 5 月 21 日",
@@ -102,9 +136,9 @@ def test_loop_scene_carries_goal_and_earlier_summary() -> None:
     )
     assert user.index("<goal>") < user.index("<existing_summary>") < user.index("<tool_history>")
     assert "帮我把航班改到 5 月 21 日" in user
-    assert "Write the summary in Chinese" in system
+    assert "Write the working summary in Chinese (中文)" in user
     for section in ("Current Goal", "Errors and Handling", "Next Step"):
-        assert f"## {section}" in system
+        assert user.index("</tool_history>") < user.index(f"## {section}")
 
 
 # --- rendering ---------------------------------------------------------------
@@ -116,8 +150,30 @@ def test_values_are_not_expanded_again(tmp_path: Path) -> None:
         "session_compact",
     )
     hostile = "{{language}} {{#language}}x{{/language}} {{"
-    _, user = render(scene, transcript=hostile, language="Chinese")
-    assert user == f"{hostile}|Chinese"
+    _, user = render(scene, transcript=hostile, language="Klingon")
+    assert user == f"{hostile}|Klingon"
+
+
+@pytest.mark.parametrize(
+    ("language", "written"),
+    [
+        ("Chinese", "Chinese (中文)"),
+        ("Japanese", "Japanese (日本語)"),
+        ("Korean", "Korean (한국어)"),
+        ("English", "English"),
+        ("Klingon", "Klingon"),
+    ],
+)
+def test_the_language_is_named_in_its_own_script_too(
+    tmp_path: Path, language: str, written: str
+) -> None:
+    scene = load_scene(
+        write_scene(
+            tmp_path, MINIMAL.replace('"{{transcript}}"', '"{{transcript}} in {{language}}"')
+        ),
+        "session_compact",
+    )
+    assert render(scene, transcript="x", language=language)[1] == f"x in {written}"
 
 
 def test_sections_inverted_sections_and_nesting(tmp_path: Path) -> None:
