@@ -202,14 +202,25 @@ def _folded(text: str) -> str:
     return " ".join(text.split())
 
 
+def _marked_clauses(constraint: str) -> list[str]:
+    """The clauses of a constraint that state it, without a leading 不过, 注意, but, ..."""
+    clauses = [_LEAD.sub("", c.group(0).strip(" ，,：:。.")) for c in _CLAUSE.finditer(constraint)]
+    return [c for c in clauses if _is_constraint(c)]
+
+
+def _core(constraint: str) -> list[str]:
+    """The shorter form of a constraint: its marked clauses joined, when that is shorter."""
+    core = "，".join(_marked_clauses(constraint))
+    return [core] if core and len(core) < len(constraint) else []
+
+
 def constraint_kept(constraint: str, summary: str) -> bool:
     """Verbatim (whitespace folded), or every clause of it that states the constraint is
     (without a leading 不过, 注意, but, please, ...)."""
     folded = _folded(summary)
     if _folded(constraint) in folded:
         return True
-    marked = [_LEAD.sub("", c.group(0).strip(" ，,：:。.")) for c in _CLAUSE.finditer(constraint)]
-    marked = [c for c in marked if _is_constraint(c)]
+    marked = _marked_clauses(constraint)
     return bool(marked) and all(_folded(c) in folded for c in marked)
 
 
@@ -302,8 +313,12 @@ def guard_summary(summary: str, replaced: Sequence[Any], max_chars: int, share: 
     `replaced` is the messages the summary stands for, plus any `Seen` text."""
     summary, struck = strike_invented(summary, replaced)
     lost = [c for c in user_constraints(replaced) if not constraint_kept(c, summary)]
-    missing = [f"{SAID} {quoted(c)}" for c in lost]
-    missing += [f"{quoted(r)}" for r in critical_references(replaced) if r not in summary]
+    # Each entry: its lines, longest first; a constraint whose sentence does not fit comes
+    # back as the clauses that state it.
+    missing: list[tuple[str, ...]] = [
+        tuple(f"{SAID} {quoted(v)}" for v in (c, *_core(c)) if v) for c in lost
+    ]
+    missing += [(quoted(r),) for r in critical_references(replaced) if r not in summary]
     if not missing:
         return Guarded(summary, 0, 0, struck)
     text = summary.rstrip()
@@ -313,12 +328,13 @@ def guard_summary(summary: str, replaced: Sequence[Any], max_chars: int, share: 
         budget = min(budget, max_chars - len(text) - len(head))
     lines: list[str] = []
     used = 0
-    for ref in missing:
-        line = f"- {ref}"
-        if used + len(line) + 1 > budget:
-            continue
-        lines.append(line)
-        used += len(line) + 1
+    for choices in missing:
+        for choice in choices:
+            line = f"- {choice}"
+            if used + len(line) + 1 <= budget:
+                lines.append(line)
+                used += len(line) + 1
+                break
     if not lines:
         return Guarded(summary, 0, len(missing), struck)
     return Guarded(text + head + "\n" + "\n".join(lines), len(lines), len(missing), struck)

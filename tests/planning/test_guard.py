@@ -308,3 +308,10 @@ def test_a_chinese_summary_keeps_its_ids_between_chinese_words() -> None:
     summary = "- 订单ORD-20260917-4471漏水，视频leak_0920.mp4已上传"
     guarded = guard_summary(summary, span, 6000, 0.25)
     assert guarded.struck == 0 and guarded.summary.startswith(summary)
+
+
+def test_a_constraint_too_long_for_the_room_left_comes_back_as_its_clause() -> None:
+    long_summary = "## User Goal\n" + "换" * 1060
+    guarded = guard_summary(long_summary, [ZH_USER], 1200, 0.25)
+    assert f'- {SAID} "换货申请先别提交"' in guarded.summary.splitlines()
+    assert len(guarded.summary) <= 1200
