@@ -305,6 +305,14 @@ def quoted(ref: str) -> str:
     return json.dumps(ref, ensure_ascii=False)
 
 
+def _ends_with_restored(text: str) -> bool:
+    """Whether `text` ends with a NOTE and nothing after it but restored lines."""
+    if NOTE not in text:
+        return False
+    after = text.rsplit(NOTE, 1)[1].strip()
+    return all(line.startswith("- ") for line in after.splitlines())
+
+
 def guard_summary(summary: str, replaced: Sequence[Any], max_chars: int, share: float) -> Guarded:
     """Strike the references the model invented, then append the user's constraints and
     the references the summary lost, within `share` of `max_chars`; the result is never
@@ -322,7 +330,12 @@ def guard_summary(summary: str, replaced: Sequence[Any], max_chars: int, share: 
     if not missing:
         return Guarded(summary, 0, 0, struck)
     text = summary.rstrip()
-    head = f"\n\n{SECTION}\n{NOTE}" if SECTION not in text else f"\n{NOTE}"
+    if SECTION not in text:
+        head = f"\n\n{SECTION}\n{NOTE}"
+    elif _ends_with_restored(text):
+        head = ""  # an earlier guard's list ends the summary: it goes on under its note
+    else:
+        head = f"\n{NOTE}"
     budget = int(max_chars * share) if max_chars > 0 else 0
     if max_chars > 0:
         budget = min(budget, max_chars - len(text) - len(head))

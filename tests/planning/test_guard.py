@@ -315,3 +315,12 @@ def test_a_constraint_too_long_for_the_room_left_comes_back_as_its_clause() -> N
     guarded = guard_summary(long_summary, [ZH_USER], 1200, 0.25)
     assert f'- {SAID} "换货申请先别提交"' in guarded.summary.splitlines()
     assert len(guarded.summary) <= 1200
+
+
+def test_a_second_guard_goes_on_under_the_first_ones_note() -> None:
+    span = [{"role": "user", "content": "Order ORD-1234 and ORD-5678"}]
+    once = guard_summary("## Important References\n- ORD-1234", span, 6000, 0.25).summary
+    assert once.endswith(f'{NOTE}\n- "ORD-5678"')
+    more = [*span, {"role": "user", "content": "and ORD-9999 too"}]
+    twice = guard_summary(once.replace('- "ORD-5678"', ""), more, 6000, 0.25).summary
+    assert twice.count(NOTE) == 1 and '- "ORD-9999"' in twice and '- "ORD-5678"' in twice
