@@ -413,6 +413,40 @@ def summary_table(results: list[Result]) -> str:
     )
 
 
+def totals(results: list[Result]) -> list[str]:
+    """The set's headline figures, one line each (what issue 15's "done when" asks)."""
+
+    def facts(rs: list[Result]) -> str:
+        kept = sum(r.figures.facts_retained for r in rs)
+        risk = sum(r.figures.facts_at_risk for r in rs)
+        return f"{kept}/{risk} = {_ratio(kept / risk if risk else None)}"
+
+    tau = [r for r in results if r.item.session.kind == "chained"]
+    loops = [r for r in results if r.item.loop]
+    kept = [v.constraint_kept for r in results for v in r.versions if v.constraint_kept is not None]
+    sent = [r.constraint_sent for r in results if r.constraint_sent is not None]
+    decisions = [s for r in results for s in r.decisions]
+    zh = [v for r in results if r.item.language == "zh" for v in r.versions]
+    summaries = [
+        c for r in results for c in r.compactions if c.get("layer") in ("session", "loop", "manual")
+    ]
+    failed = Counter(str(c.get("detail") or "?") for c in summaries if c.get("outcome") == "failed")
+    return [
+        f"- Gold facts retained on the chained τ-bench sessions: {facts(tau)}"
+        + (f"; in the tool loops: {facts(loops)}" if loops else "")
+        + f"; everywhere: {facts(results)}.",
+        f"- Constraint verbatim in the summaries that cover it: {_share(sum(kept), len(kept))}; "
+        f"in what went upstream at the end: {_share(sum(sent), len(sent))}.",
+        "- Decisions with the right status: "
+        f"{_share(sum(s.correct for s in decisions), len(decisions))}.",
+        f"- Summaries of the Chinese conversations in Chinese: "
+        f"{_share(sum(v.language == 'zh' for v in zh), len(zh))}.",
+        f"- Summarizer calls (compactions) failed: {sum(failed.values())} of {len(summaries)}"
+        + (" (" + ", ".join(f"{n}× {c}" for c, n in failed.items()) + ")" if failed else "")
+        + ".",
+    ]
+
+
 def calls_table(results: list[Result]) -> str:
     rows = []
     for r in results:
@@ -515,6 +549,8 @@ def report(
         "## Figures",
         "",
         summary_table(results),
+        "",
+        *totals(results),
         "",
         f"Decision-status accuracy over all labelled decisions: {_ratio(accuracy(decisions))} "
         f"({sum(s.correct for s in decisions)}/{len(decisions)}). Gold facts lost: "
