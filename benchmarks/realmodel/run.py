@@ -44,7 +44,7 @@ import sqlite3
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,7 +306,13 @@ def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def replay_all(args: argparse.Namespace, items: list[Item], workdir: Path) -> list[Result]:
+def replay_all(
+    args: argparse.Namespace,
+    items: list[Item],
+    workdir: Path,
+    done: Callable[[list[Result]], object] = lambda results: None,
+) -> list[Result]:
+    """Every item through one set of servers; `done` sees the results after each item."""
     installed = ensure(Path(args.dir), MODELS[args.model])
     llama_port, fake_port, recap_port = free_port(), free_port(), free_port()
     llama_cmd = llama_command(installed.python, installed.model, args.model, llama_port, args.n_ctx)
@@ -346,6 +352,7 @@ def replay_all(args: argparse.Namespace, items: list[Item], workdir: Path) -> li
             figures = Figures("recap")
             add_run(figures, run, item.window, weigh)
             results.append(score(item, run, figures, found, secs))
+            done(results)
             progress(f"  {secs:.0f} s, {len(results[-1].versions)} summary versions")
     return results
 
@@ -630,12 +637,19 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
     items = [item for w in args.window for item in load_chinese(Path(args.data), w)[: args.chinese]]
     items += load_tau(args.chains, args.tasks_per_chain, args.tau_window)
     items += load_loops(args.loops, args.loop_rounds, args.loop_window, args.seed)
-    results = replay_all(args, items, workdir)
-    text = report(args, argv, results, time.perf_counter() - started)
-    print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "realmodel.md").write_text(text + "\n", encoding="utf-8")
+
+    def write(results: list[Result]) -> str:
+        # After each item too: a run stopped early keeps the report of what it finished.
+        text = report(args, argv, results, time.perf_counter() - started)
+        if len(results) < len(items):
+            text += f"\n\n(Partial: {len(results)} of {len(items)} conversations so far.)"
+        (out / "realmodel.md").write_text(text + "\n", encoding="utf-8")
+        return text
+
+    results = replay_all(args, items, workdir, write)
+    print(write(results))
     if args.docs:
         shutil.copy(out / "realmodel.md", DOCS / "realmodel.md")
     return 0
