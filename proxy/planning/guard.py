@@ -291,7 +291,8 @@ def critical_references(messages: Sequence[Any]) -> list[str]:
                 for m in pattern.finditer(text):
                     add(m.group(0), weight)
             for m in _IDENT.finditer(text):
-                if is_identifier(m.group(0)):
+                # Not the head of a timestamp (2024-05-14T06 of 2024-05-14T06:33:04).
+                if is_identifier(m.group(0)) and not _DATE.match(m.group(0)):
                     add(m.group(0), weight)
     return sorted(score, key=lambda r: (round_of[r], -score[r], order[r]))
 

@@ -324,3 +324,8 @@ def test_a_second_guard_goes_on_under_the_first_ones_note() -> None:
     more = [*span, {"role": "user", "content": "and ORD-9999 too"}]
     twice = guard_summary(once.replace('- "ORD-5678"', ""), more, 6000, 0.25).summary
     assert twice.count(NOTE) == 1 and '- "ORD-9999"' in twice and '- "ORD-5678"' in twice
+
+
+def test_the_head_of_a_timestamp_is_no_identifier() -> None:
+    refs = critical_references([{"role": "tool", "content": '{"created": "2024-05-14T06:33:04"}'}])
+    assert "2024-05-14T06:33:04" in refs and "2024-05-14T06" not in refs
