@@ -64,6 +64,7 @@ _NUMBER_UNIT = re.compile(
     re.IGNORECASE,
 )
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b")
+_DATE_HEAD = re.compile(r"\d{4}-\d{2}-\d{2}")
 _QUOTED = re.compile(r"\"([^\"\n]{4,200})\"|“([^”\n]{4,200})”|「([^」\n]{4,200})」")
 
 MAX_REF_CHARS = 200
@@ -292,7 +293,7 @@ def critical_references(messages: Sequence[Any]) -> list[str]:
                     add(m.group(0), weight)
             for m in _IDENT.finditer(text):
                 # Not the head of a timestamp (2024-05-14T06 of 2024-05-14T06:33:04).
-                if is_identifier(m.group(0)) and not _DATE.match(m.group(0)):
+                if is_identifier(m.group(0)) and not _DATE_HEAD.match(m.group(0)):
                     add(m.group(0), weight)
     return sorted(score, key=lambda r: (round_of[r], -score[r], order[r]))
 
