@@ -13,9 +13,12 @@ mentions beat fewer).
 A user's constraint is what the user put in quotes, or a sentence of a user message
 that reads as one however it is written (`constraint_sentences`: 别, 不要, 先别, 不能,
 必须, don't, do not, never, must, make sure, ...; questions are not constraints), kept
-verbatim. In an assistant message (the previous summary is one) only quoted text that
-reads as a constraint counts, so a constraint a summary quoted survives the next
-merge; tool results state none (a page's "never do X" is not the user's).
+verbatim. A decision the user states (批准, 否决, 推迟, approved, rejected, postponed,
+...) counts as one: it binds the same way, and its words carry its status, which small
+models get wrong when they retell it. In an assistant message (the previous summary is
+one) only quoted text that reads as a constraint counts, so a constraint a summary
+quoted survives the next merge; tool results state none (a page's "never do X" is not
+the user's).
 
 Invented references: every URL, path and identifier in the model's summary must occur
 in its input (the replaced messages, the previous summary among them, and `Seen` text
@@ -79,6 +82,8 @@ STRUCK = "[unverified]"
 # that hold a marker without being one (要不要, 别的, 特别, ...) are masked out first.
 _ZH_MARKER = re.compile(
     r"先别|别|不要|不能|不可以|不许|不准|不得|禁止|请勿|切勿|千万|务必|必须|一定要|只能|暂时不|先不"
+    # A decision the user states binds like a constraint, and its status is in its words.
+    r"|批准|否决|驳回|推迟|延后|暂缓|暂不|就这么定|定下来|同意|采纳|以后再|下个迭代"
 )
 _ZH_NOT_MARKER = re.compile(
     r"要不要|能不能|可不可以|是不是|会不会|别的|别人|别处|区别|特别|分别|类别|级别|识别|告别|"
@@ -89,7 +94,8 @@ _EN_MARKER = re.compile(
     r"(?:don['’]t|do not|never|avoid)\b"
     r"|\b(?:you|we|it|they|this|that) (?:must|mustn['’]t|should not|shouldn['’]t|may not)\b"
     r"|\bmust not\b|\b(?:make|be) sure\b|\bunder no circumstances\b"
-    r"|\bI (?:don['’]t|do not) want\b|\b(?:no|not) (?:more|later|earlier) than\b",
+    r"|\bI (?:don['’]t|do not) want\b|\b(?:no|not) (?:more|later|earlier) than\b"
+    r"|\b(?:approved?|rejected|declined?|postponed?|deferred|I agree|let['’]s go with)\b",
     re.IGNORECASE,
 )
 # Sentence ends: CJK and ASCII stops, semicolons and line breaks (a period only before

@@ -329,3 +329,17 @@ def test_a_second_guard_goes_on_under_the_first_ones_note() -> None:
 def test_the_head_of_a_timestamp_is_no_identifier() -> None:
     refs = critical_references([{"role": "tool", "content": '{"created": "2024-05-14T06:33:04"}'}])
     assert "2024-05-14T06:33:04" in refs and "2024-05-14T06" not in refs
+
+
+def test_a_decision_the_user_states_comes_back_in_their_words() -> None:
+    said = [
+        {"role": "user", "content": "好，Redis 缓存方案就这么定了，批准了，我这周做。"},
+        {"role": "user", "content": "我同意你的看法，重试改成 10 次的提议否决了，保持 3 次。"},
+        {"role": "user", "content": "嗯，升级 PostgreSQL 16 这件事先推迟，放到下个迭代再说。"},
+        {"role": "user", "content": "The refund to the gift card is approved."},
+    ]
+    # The model's retelling loses the statuses (a rejected retry as a pending action).
+    summary = "## Pending Actions\n- 加 Redis 缓存\n- 重试次数改为 10 次"
+    guarded = guard_summary(summary, said, 1200, 0.5)
+    for message in said:
+        assert f"- {SAID} {json.dumps(message['content'], ensure_ascii=False)}" in guarded.summary
