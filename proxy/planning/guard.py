@@ -68,6 +68,13 @@ _NUMBER_UNIT = re.compile(
 )
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b")
 _DATE_HEAD = re.compile(r"\d{4}-\d{2}-\d{2}")
+# Phone, account and ticket numbers written in digit groups (138-0013-8821, 400-820-1357).
+_DIGIT_GROUPS = re.compile(r"(?<![\w.-])\d{2,4}(?:-\d{2,4}){2,}(?![\w.-])")
+# Versions (v2.7.3, 1.12.0).
+_VERSION = re.compile(r"(?<![\w.])v?\d+\.\d+\.\d+(?:[-+][A-Za-z0-9.]+)?(?![\w.])")
+# Names in code written by the user or the assistant: two underscores at least
+# (test_invoice_rounding, invoice_request_id), ASCII.
+_SNAKE = re.compile(r"(?<![A-Za-z0-9_])[a-z][a-z0-9]*(?:_[a-z0-9]+){2,}(?![A-Za-z0-9_])")
 _QUOTED = re.compile(r"\"([^\"\n]{4,200})\"|“([^”\n]{4,200})”|「([^」\n]{4,200})」")
 
 MAX_REF_CHARS = 200
@@ -294,8 +301,11 @@ def critical_references(messages: Sequence[Any]) -> list[str]:
             if role == "user":
                 for m in _QUOTED.finditer(text):
                     add(next(g for g in m.groups() if g), 10.0)
-            for pattern in (_URL, _PATH, _DATE, _NUMBER_UNIT):
+            for pattern in (_URL, _PATH, _DATE, _NUMBER_UNIT, _DIGIT_GROUPS, _VERSION):
                 for m in pattern.finditer(text):
+                    add(m.group(0), weight)
+            if role != "tool":  # in tool results, snake_case is mostly JSON keys
+                for m in _SNAKE.finditer(text):
                     add(m.group(0), weight)
             for m in _IDENT.finditer(text):
                 # Not the head of a timestamp (2024-05-14T06 of 2024-05-14T06:33:04).

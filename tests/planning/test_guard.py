@@ -343,3 +343,14 @@ def test_a_decision_the_user_states_comes_back_in_their_words() -> None:
     guarded = guard_summary(summary, said, 1200, 0.5)
     for message in said:
         assert f"- {SAID} {json.dumps(message['content'], ensure_ascii=False)}" in guarded.summary
+
+
+def test_phone_numbers_versions_and_code_names_are_references() -> None:
+    user = {
+        "role": "user",
+        "content": "手机号 138-0013-8821，版本 v2.7.3，测试叫 test_invoice_rounding。",
+    }
+    tool = {"role": "tool", "tool_call_id": "c", "content": '{"payment_method_id": "x"}'}
+    refs = critical_references([user, tool])
+    assert {"138-0013-8821", "v2.7.3", "test_invoice_rounding"} <= set(refs)
+    assert "payment_method_id" not in refs  # a JSON key of a tool result is no reference
