@@ -13,10 +13,10 @@ each its own process:
                 so the harness can read the summaries and the compaction audit
 
 and replays, step by step as `benchmarks.replay` does (`replay_session`), the Chinese
-conversations of tests/data/realmodel-zh.json (in each window of --window), the chained
-τ-bench sessions named by --chains from tests/data (window --tau-window) and --loops long
+conversations of tests/data/realmodel-zh.json (in each window of --window), --loops long
 coding tool loops (`benchmarks.sessions.coding_loop`, window --loop-window: one turn whose
-tool loop loop working memory must carry). It prints, per conversation:
+tool loop loop working memory must carry) and the chained τ-bench sessions named by
+--chains from tests/data (window --tau-window), in that order. It prints, per conversation:
 
 - gold-fact retention, as the replay harness measures it (`benchmarks.metrics.retention`);
 - constraint retention: each summary version that covers the user's constraint holds it
@@ -635,8 +635,10 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
     print(f"$ {command_line(argv)}", flush=True)
     started = time.perf_counter()
     items = [item for w in args.window for item in load_chinese(Path(args.data), w)[: args.chinese]]
-    items += load_tau(args.chains, args.tasks_per_chain, args.tau_window)
+    # The tool loops before the chains: a run stopped early (the report is written after
+    # each conversation) still has one of each kind.
     items += load_loops(args.loops, args.loop_rounds, args.loop_window, args.seed)
+    items += load_tau(args.chains, args.tasks_per_chain, args.tau_window)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
