@@ -98,7 +98,7 @@ def configure_logging(
 
 
 def log_fields(scope: Scope) -> dict[str, Any]:
-    """The mutable log fields of this request (set up by AccessLog)."""
+    """The mutable log fields of this request (set up by the edge, `edge.py`)."""
     state = scope.setdefault("state", {})
     fields: dict[str, Any] = state.setdefault("log", {})
     return fields
