@@ -110,6 +110,10 @@ class Summarizer:
     upstream: Upstream | None = None
     timeout_s: float = 120.0
     max_concurrency: int = 4
+    # Tokens the summarizer model's context holds: each call's prompt (scene, transcript,
+    # summary so far, current message) plus its max_tokens stays within it, so session
+    # batches and loop inputs are bounded by it as well as by message counts.
+    context_window: int = 16384
     # Restore critical references a summary lost (identifiers, paths, URLs, numbers with
     # units, error lines, quoted constraints), within this share of max_summary_chars.
     quality_guard: bool = True
@@ -241,6 +245,8 @@ BOUNDS: Mapping[tuple[type, str], Bound] = {
     (TrimCompaction, "trim_trigger_ratio"): _RATIO,
     (Summarizer, "timeout_s"): _POSITIVE,
     (Summarizer, "max_concurrency"): _AT_LEAST_1,
+    # Below this a scene's own text and a summary leave no room for any transcript.
+    (Summarizer, "context_window"): Bound(2048, 10**7),
     (Summarizer, "guard_max_share"): _SHARE,
     (Model, "context_window"): _AT_LEAST_1,
     (Config, "max_body_bytes"): _AT_LEAST_1,
