@@ -34,6 +34,9 @@ class Listen:
     header_timeout_s: float = 15.0
     # Open client connections at most; 0: half the process's file-descriptor limit.
     max_connections: int = 0
+    # A streamed response waiting for a summarizer call sends an SSE comment this often,
+    # so that no client or intermediary (nginx: 60 s) takes a slow summary for a dead stream.
+    sse_keepalive_s: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,7 @@ _RATIO = Bound(0, 1, above=True)
 BOUNDS: Mapping[tuple[type, str], Bound] = {
     (Listen, "port"): Bound(0, 65535),
     (Listen, "header_timeout_s"): _POSITIVE,
+    (Listen, "sse_keepalive_s"): _POSITIVE,
     (Upstream, "timeout_s"): _POSITIVE,
     (Upstream, "connect_timeout_s"): _POSITIVE,
     (Upstream, "max_connections"): _AT_LEAST_1,

@@ -269,19 +269,24 @@ class LoopStage:
         if room < MIN_TRANSCRIPT_TOKENS:
             # The scene and the working summary alone fill summarizer.context_window.
             raise SummarizerFailed("summarizer context_window too small")
-        return await self.summarizer.summarize(
-            ex.tenant,
-            self.scenes[ex.tenant.name].get(policy.scene),
-            {
-                # The rounds fit `room`; a single round too large for it is cut to fit.
-                "transcript": render_within(folded, session.max_item_chars, room, ex.measure.text),
-                **self._values(ex, plan, state),
-            },
-            model=ex.model,
-            authorization=ex.headers.get("authorization"),
-            max_chars=session.max_summary_chars,
-            replaced=([{"role": "assistant", "content": state.summary}] if state else []) + folded,
-            max_tokens=limits.max_tokens,
+        return await ex.waiting(
+            self.summarizer.summarize(
+                ex.tenant,
+                self.scenes[ex.tenant.name].get(policy.scene),
+                {
+                    # The rounds fit `room`; a single round too large for it is cut to fit.
+                    "transcript": render_within(
+                        folded, session.max_item_chars, room, ex.measure.text
+                    ),
+                    **self._values(ex, plan, state),
+                },
+                model=ex.model,
+                authorization=ex.headers.get("authorization"),
+                max_chars=session.max_summary_chars,
+                replaced=([{"role": "assistant", "content": state.summary}] if state else [])
+                + folded,
+                max_tokens=limits.max_tokens,
+            )
         )
 
     async def _store(

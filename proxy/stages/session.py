@@ -266,18 +266,20 @@ class SessionStage:
             # Batches fit `room`; one round too large for any batch is cut to fit.
             transcript = render_within(span, policy.max_item_chars, room, ex.measure.text)
             try:
-                result = await self.summarizer.summarize(
-                    ex.tenant,
-                    scene,
-                    {"transcript": transcript, **self._values(ex, policy, body, summary)},
-                    model=ex.model,
-                    authorization=ex.headers.get("authorization"),
-                    max_chars=policy.max_summary_chars,
-                    # The previous summary too: what the merge dropped from it is restored.
-                    replaced=[{"role": "assistant", "content": summary}, *span]
-                    if summary
-                    else span,
-                    max_tokens=limits.max_tokens,
+                result = await ex.waiting(
+                    self.summarizer.summarize(
+                        ex.tenant,
+                        scene,
+                        {"transcript": transcript, **self._values(ex, policy, body, summary)},
+                        model=ex.model,
+                        authorization=ex.headers.get("authorization"),
+                        max_chars=policy.max_summary_chars,
+                        # The previous summary too: what the merge dropped from it is restored.
+                        replaced=[{"role": "assistant", "content": summary}, *span]
+                        if summary
+                        else span,
+                        max_tokens=limits.max_tokens,
+                    )
                 )
             except SummarizerFailed as exc:
                 run.failure = exc.reason
