@@ -16,7 +16,9 @@ Why these numbers:
   that fits its character cap is never cut by its token cap. The scene's own `max_tokens`
   caps it, and so does half the window (the prompt needs the rest).
 - Recap counts with its own tokenizer, the summarizer model with its own, and a chat
-  template adds tokens Recap does not see: `PROMPT_MARGIN` of the window is kept free.
+  template adds tokens Recap does not see: `PROMPT_MARGIN` of the window is kept free. It
+  also holds the scene's `length_retry` text (under 100 tokens), which a second try after
+  a cut by max_tokens appends to a prompt sized for the first.
 - A later batch merges into the summary the previous batch wrote, unknown when batches are
   planned; it is reserved at the most a summary can be (`summary_tokens` of the cap).
 """
