@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,6 +24,7 @@ from proxy.boundary import EXCEPTION_HANDLERS, ErrorBoundary
 from proxy.config import Config
 from proxy.errors import NotFound
 from proxy.fingerprints import FingerprintCache
+from proxy.journal import Journal, journal_dir
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
 from proxy.offload import MeasureOffLoop
 from proxy.pipeline import Pipeline, Stage
@@ -87,6 +89,21 @@ def build_stages(state: AppState) -> list[Stage]:
     ]
 
 
+def open_journal(config: Config, directory: Path | None) -> Journal | None:
+    """The archive's journal (proxy/journal.py), or None: switched off, an in-memory
+    store, or a directory it cannot use (then each record is committed before its answer's
+    final bytes, as without a journal)."""
+    if directory is None or not config.archive.journal:
+        return None
+    journal = Journal(directory)
+    try:
+        journal.open()
+    except OSError as exc:
+        log.warning("archive journal unavailable at %s, committing each record: %s", directory, exc)
+        return None
+    return journal
+
+
 def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> Starlette:
     """The app for `config`; `clock` (monotonic seconds) times the circuit breakers'
     cool-downs, so a test can advance a fake one instead of sleeping."""
@@ -114,12 +131,18 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
             log.error("store unavailable at start-up: %s", exc)
         counter = TokenCounter()
         counter.count_text("warm up", None)  # load the default encoding now, not on a request
+        journals = journal_dir(config.store, config.archive.journal_dir, config.base_dir)
+        archiver = Archiver(store, journal=open_journal(config, journals))
+        if journals is not None:
+            # What a process that died left in its journal is stored before anything is served.
+            with contextlib.suppress(StoreError):
+                await archiver.replay(journals)
         state = AppState(
             config=config,
             upstreams=upstreams,
             counter=counter,
             store=store,
-            archiver=Archiver(store),
+            archiver=archiver,
             fingerprints=FingerprintCache(),
             pipeline=Pipeline([]),
             clock=clock,

@@ -34,8 +34,16 @@ def dumps(
     ensure_ascii: bool = True,
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
+    parsed_from: int | None = None,
 ) -> str:
-    """Exactly `json.dumps(value, ensure_ascii=..., separators=..., sort_keys=...)`."""
+    """Exactly `json.dumps(value, ensure_ascii=..., separators=..., sort_keys=...)`.
+
+    `parsed_from`: the value was parsed from JSON of at most this many bytes, so no string
+    in it is longer; below `LONG_CHARS` it is dumped at once, without the walk."""
+    if parsed_from is not None and parsed_from <= LONG_CHARS:
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys
+        )
     return "".join(
         pieces(value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
     )
