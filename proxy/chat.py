@@ -160,6 +160,7 @@ class ChatCompletions:
         fields = log_fields(scope)
         if exchange is not None and exchange.stream:
             exchange.notify = self._sse_notifier(responder, exchange)
+            exchange.keepalive_s = state.config.listen.sse_keepalive_s
         payload, out_headers = await self._plan(state, scope, tenant, incoming, exchange)
         # Arrival to forwarding (of the first try: a retry's time is the upstream's too).
         overhead_ms = round((time.perf_counter() - start) * 1000, 1)
