@@ -416,12 +416,15 @@ class Archiver:
                         batch, places = [], []
                 if batch:
                     stored += await self._replayed(orphan.owner, batch, places, last)
-                await self.store.forget_journal(orphan.owner)
             except StoreError as exc:
                 log.warning("archive journal %s not replayed, kept: %s", orphan.owner, exc)
                 orphan.release()
                 continue
+            # Files first: a mark left behind is one stale row; a journal left behind
+            # without its mark would be stored twice.
             orphan.remove()
+            with contextlib.suppress(StoreError):
+                await self.store.forget_journal(orphan.owner)
         if stored:
             log.warning("archive journal: %d records of a stopped process stored", stored)
         return stored

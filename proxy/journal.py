@@ -166,9 +166,10 @@ class Orphan:
     _fd: int | None = field(default=None, repr=False)
 
     def records(self, after: JournalMark | None) -> Iterator[tuple[JournalMark, ExchangeRecord]]:
-        """Its records after `after`, each with the mark that says it is stored. A last
-        line cut short (the process died mid-write) ends the journal: its write never
-        returned, so no answer waited for it."""
+        """Its records after `after`, each with the mark that says it is stored. A line
+        that cannot be read is skipped, with a warning: the last one cut short (the
+        process died mid-write; that write never returned, so no answer waited for it),
+        or one the disk damaged."""
         for seq, path in _segments(self.directory, self.owner):
             if after is not None and seq < after.segment:
                 continue
@@ -178,12 +179,12 @@ class Orphan:
                     if index < skip:
                         continue
                     try:
-                        record = decode(line) if line.endswith(b"\n") else None
+                        if not line.endswith(b"\n"):
+                            raise ValueError("cut short")
+                        record = decode(line)
                     except (ValueError, TypeError) as exc:
-                        log.warning("journal %s: line %d unreadable (%s)", path, index + 1, exc)
-                        record = None
-                    if record is None:
-                        return
+                        log.warning("journal %s: line %d skipped (%s)", path, index + 1, exc)
+                        continue
                     yield JournalMark(self.owner, seq, index + 1), record
 
     def remove(self) -> None:

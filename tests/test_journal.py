@@ -149,3 +149,21 @@ def test_the_lock_is_flock_on_the_lock_file(tmp_path: Path) -> None:
     finally:
         os.close(fd)
         journal.close(all_stored=True)
+
+
+def test_a_damaged_line_is_skipped_and_the_rest_replayed(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    journal.open()
+    for i in range(3):
+        journal.append(record(i))
+    journal.close(all_stored=False)
+    (segment,) = tmp_path.glob("*.jsonl")
+    lines = segment.read_bytes().split(b"\n")
+    lines[1] = b"{not json" + lines[1][9:]
+    segment.write_bytes(b"\n".join(lines))
+    (orphan,) = orphans(tmp_path)
+    got = list(orphan.records(None))
+    assert [r for _, r in got] == [record(0), record(2)]
+    # Marks count lines, the skipped one too: a replay stopped after record 2 resumes after it.
+    assert [(m.segment, m.position) for m, _ in got] == [(0, 1), (0, 3)]
+    orphan.release()
