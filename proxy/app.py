@@ -11,19 +11,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from proxy.archive import ArchiveOriginals, Archiver
-from proxy.boundary import EXCEPTION_HANDLERS, ErrorBoundary
+from proxy.boundary import EXCEPTION_HANDLERS, Rendered
 from proxy.config import Config
+from proxy.edge import Edge
 from proxy.errors import NotFound
 from proxy.fingerprints import FingerprintCache
-from proxy.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
+from proxy.journal import Journal, journal_dir
+from proxy.metrics import CONTENT_TYPE_LATEST, Metrics
 from proxy.offload import MeasureOffLoop
 from proxy.pipeline import Pipeline, Stage
 from proxy.scenes import SceneSet
@@ -87,12 +92,26 @@ def build_stages(state: AppState) -> list[Stage]:
     ]
 
 
+def open_journal(config: Config, directory: Path | None) -> Journal | None:
+    """The archive's journal (proxy/journal.py), or None: switched off, an in-memory
+    store, or a directory it cannot use (then each record is committed before its answer's
+    final bytes, as without a journal)."""
+    if directory is None or not config.archive.journal:
+        return None
+    journal = Journal(directory)
+    try:
+        journal.open()
+    except OSError as exc:
+        log.warning("archive journal unavailable at %s, committing each record: %s", directory, exc)
+        return None
+    return journal
+
+
 def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> Starlette:
     """The app for `config`; `clock` (monotonic seconds) times the circuit breakers'
     cool-downs, so a test can advance a fake one instead of sleeping."""
     from proxy.chat import ChatCompletions
     from proxy.dialects.responses import ResponsesDialect
-    from proxy.logs import AccessLog
     from proxy.operator import operator_routes
     from proxy.passthrough import Passthrough
     from proxy.remote_routes import CodexGate, ResponsesCompact
@@ -114,12 +133,18 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
             log.error("store unavailable at start-up: %s", exc)
         counter = TokenCounter()
         counter.count_text("warm up", None)  # load the default encoding now, not on a request
+        journals = journal_dir(config.store, config.archive.journal_dir, config.base_dir)
+        archiver = Archiver(store, journal=open_journal(config, journals))
+        if journals is not None:
+            # What a process that died left in its journal is stored before anything is served.
+            with contextlib.suppress(StoreError):
+                await archiver.replay(journals)
         state = AppState(
             config=config,
             upstreams=upstreams,
             counter=counter,
             store=store,
-            archiver=Archiver(store),
+            archiver=archiver,
             fingerprints=FingerprintCache(),
             pipeline=Pipeline([]),
             clock=clock,
@@ -163,12 +188,14 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
     async def not_found(request: Request) -> Response:
         raise NotFound(f"Unknown path {request.url.path}")
 
+    chat = ChatCompletions()
+    responses = CodexGate(ChatCompletions(ResponsesDialect()))
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/v1/chat/completions", ChatCompletions(), methods=["POST"]),
-        Route("/v1/responses", CodexGate(ChatCompletions(ResponsesDialect())), methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/responses/compact", ResponsesCompact(Passthrough()), methods=["POST"]),
         *operator_routes(),
         *web_routes(config),
@@ -179,10 +206,30 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         ),
         Route("/{path:path}", not_found),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
-    # Inside the access log, so the line of a request that failed says 500 and why.
-    app.add_middleware(ErrorBoundary)
-    app.add_middleware(AccessLog)
-    # Added last, so outermost: it reads the fields the access log completes.
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    direct = {
+        "/v1/chat/completions": Edge(Rendered(chat), metrics),
+        "/v1/responses": Edge(Rendered(responses), metrics),
+    }
+    app = RecapApp(direct, routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    app.add_middleware(Edge, metrics=metrics)
     return app
+
+
+class RecapApp(Starlette):
+    """Starlette, except that a POST to a compacting route (nearly every request an agent
+    makes) goes straight to the edge and its handler, as it would through Starlette's
+    stack: Starlette's own error middlewares (two more `send` wrappers for every chunk of
+    a streamed answer) and its router serve the other routes and methods."""
+
+    def __init__(self, direct: Mapping[str, Edge], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._direct = direct
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self._direct.get(scope["path"])
+            if handler is not None:
+                scope["app"] = self
+                await handler(scope, receive, send)  # type: ignore[arg-type]  # ASGI callables
+                return
+        await super().__call__(scope, receive, send)

@@ -1,17 +1,15 @@
 """The app's error boundary: every error a client sees is in the OpenAI error shape.
 
-Sits between the access log and the routes (see `app.create_app`):
+Sits between the edge and the routes (see `app.create_app`):
 
-    AccessLog -> ErrorBoundary -> Starlette's exception handlers -> routes
+    Edge (request id, access line, metrics, the last resort) -> Starlette's exception
+    handlers -> routes
 
 - `exception_handlers`: RecapError (the proxy's own), StoreError (a store that is
   down: 503) and Starlette's HTTPException (routing: 404, 405) raised by a route,
   each rendered by `errors.error_json`, the one renderer of the shape.
-- `ErrorBoundary`: anything else that escapes a handler is a bug. It is logged once
-  with its traceback and the request id, and answered as a 500 in the same shape; if
-  the response had already started, a stream gets a final error event and ends (a
-  client never waits on a response that will not finish). Nothing is re-raised, so
-  the server does not log it a second time or drop the connection.
+- `edge.Edge`: anything else that escapes a handler is a bug, logged once (`describe`)
+  and answered as a 500 in the same shape.
 """
 
 from __future__ import annotations
@@ -28,17 +26,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import (
-    InternalError,
     MethodNotAllowed,
     NotFound,
     RecapError,
     StoreUnavailable,
     error_body,
     error_json,
-    sse_error_event,
 )
 from proxy.logs import log_fields
-from proxy.relay import Message, Receive, Scope, Send
+from proxy.relay import Receive, Scope, Send
 from proxy.store.base import StoreError
 
 log = logging.getLogger("recap.error")
@@ -102,56 +98,24 @@ def describe(exc: BaseException) -> str:
     return f"{text} (at {Path(last.filename).name}:{last.lineno} in {last.name})"
 
 
-class ErrorBoundary:
-    """Pure ASGI, so it sees whether (and how) the response started."""
+class Rendered:
+    """`app` with the errors it raises on purpose (RecapError, StoreError) rendered as
+    `EXCEPTION_HANDLERS` render them: for a route served outside Starlette's stack
+    (`app.RecapApp`). One that escapes after the response started goes on to the edge."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started: list[bool] = []  # [is_sse] once the status line is out
-        ended = False
-
-        async def watching(message: Message) -> None:
-            nonlocal ended
-            if message["type"] == "http.response.start":
-                ctype = dict(message.get("headers", [])).get(b"content-type", b"")
-                started.append(ctype.startswith(b"text/event-stream"))
-            elif message["type"] == "http.response.body" and not message.get("more_body"):
-                ended = True
-            await send(message)
-
         try:
-            await self.app(scope, receive, watching)
-        except Exception as exc:
-            # The top of a request: the one place a broad except belongs (a bug must not
-            # leave the client waiting or the connection dropped without an answer).
-            fields = log_fields(scope)
-            fields["error"] = InternalError.code
-            log.error(
-                "unexpected error on %s %s: %s",
-                scope.get("method"),
-                scope.get("path"),
-                describe(exc),
-                exc_info=exc,
-                extra={"request_id": fields.get("request_id")},
+            await self.app(scope, receive, send)
+        except RecapError as exc:
+            await self._answer(exc, scope, receive, send)
+        except StoreError as exc:
+            await self._answer(
+                StoreUnavailable(f"The store is unavailable: {exc}"), scope, receive, send
             )
-            err = InternalError("The proxy failed on this request; see its log (request id).")
-            try:
-                if not started:
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": err.status,
-                            "headers": [(b"content-type", b"application/json")],
-                        }
-                    )
-                    await send({"type": "http.response.body", "body": error_json(err)})
-                elif not ended:
-                    tail = sse_error_event(err) if started[0] else b""
-                    await send({"type": "http.response.body", "body": tail})
-            except OSError:
-                pass  # the client is gone too: nothing left to tell it
+
+    async def _answer(self, err: RecapError, scope: Scope, receive: Receive, send: Send) -> None:
+        log_fields(scope)["error"] = err.code
+        await render(err)(scope, receive, send)  # type: ignore[arg-type]  # the ASGI callables

@@ -11,6 +11,7 @@ only the history changes in the forwarded body; every other field goes through a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -159,6 +160,7 @@ class ChatCompletions:
         fields = log_fields(scope)
         if exchange is not None and exchange.stream:
             exchange.notify = self._sse_notifier(responder, exchange)
+            exchange.keepalive_s = state.config.listen.sse_keepalive_s
         payload, out_headers = await self._plan(state, scope, tenant, incoming, exchange)
         # Arrival to forwarding (of the first try: a retry's time is the upstream's too).
         overhead_ms = round((time.perf_counter() - start) * 1000, 1)
@@ -345,7 +347,7 @@ class ChatCompletions:
             fields["upstream_request_id"] = upstream_id
         early = responder.started
         gate = None
-        if committed is not None:
+        if committed is not None and not _durable(committed):
             gate = FinalBytesGate(
                 committed,
                 sse=response.headers.get("content-type", "").startswith("text/event-stream"),
@@ -399,6 +401,11 @@ class ChatCompletions:
             await responder.comment(text)
 
         return notify
+
+
+def _durable(committed: Awaitable[bool]) -> bool:
+    """The record is on disk already (journaled): no final bytes need to wait for it."""
+    return isinstance(committed, asyncio.Future) and committed.done() and committed.result()
 
 
 def _length(value: str | None) -> int | None:

@@ -34,6 +34,9 @@ class Listen:
     header_timeout_s: float = 15.0
     # Open client connections at most; 0: half the process's file-descriptor limit.
     max_connections: int = 0
+    # A streamed response waiting for a summarizer call sends an SSE comment this often,
+    # so that no client or intermediary (nginx: 60 s) takes a slow summary for a dead stream.
+    sse_keepalive_s: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,10 @@ class Summarizer:
     upstream: Upstream | None = None
     timeout_s: float = 120.0
     max_concurrency: int = 4
+    # Tokens the summarizer model's context holds: each call's prompt (scene, transcript,
+    # summary so far, current message) plus its max_tokens stays within it, so session
+    # batches and loop inputs are bounded by it as well as by message counts.
+    context_window: int = 16384
     # Restore critical references a summary lost (identifiers, paths, URLs, numbers with
     # units, error lines, quoted constraints), within this share of max_summary_chars.
     quality_guard: bool = True
@@ -148,6 +155,11 @@ class Archive:
     retention_days: float = 0.0
     # How often the server prunes when retention_days > 0.
     prune_interval_s: float = 3600.0
+    # Each request's record is appended to a journal before the answer's last bytes, and
+    # stored in batches after (proxy/journal.py); false: stored before the last bytes.
+    journal: bool = True
+    # Where: null is beside an SQLite file, else `recap-journal` beside the config.
+    journal_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +237,7 @@ _RATIO = Bound(0, 1, above=True)
 BOUNDS: Mapping[tuple[type, str], Bound] = {
     (Listen, "port"): Bound(0, 65535),
     (Listen, "header_timeout_s"): _POSITIVE,
+    (Listen, "sse_keepalive_s"): _POSITIVE,
     (Upstream, "timeout_s"): _POSITIVE,
     (Upstream, "connect_timeout_s"): _POSITIVE,
     (Upstream, "max_connections"): _AT_LEAST_1,
@@ -241,6 +254,8 @@ BOUNDS: Mapping[tuple[type, str], Bound] = {
     (TrimCompaction, "trim_trigger_ratio"): _RATIO,
     (Summarizer, "timeout_s"): _POSITIVE,
     (Summarizer, "max_concurrency"): _AT_LEAST_1,
+    # Below this a scene's own text and a summary leave no room for any transcript.
+    (Summarizer, "context_window"): Bound(2048, 10**7),
     (Summarizer, "guard_max_share"): _SHARE,
     (Model, "context_window"): _AT_LEAST_1,
     (Config, "max_body_bytes"): _AT_LEAST_1,

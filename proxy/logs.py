@@ -1,8 +1,8 @@
-"""Logging: one line per request on stderr, JSON or text, plus the access-log middleware.
+"""Logging: one line per request on stderr, JSON or text.
 
-The middleware is pure ASGI (Starlette's BaseHTTPMiddleware would hide client
-disconnects from the handlers). Handlers add fields to `scope["state"]["log"]`;
-the middleware adds status, timings and the request id, then writes one line.
+Handlers add fields to `scope["state"]["log"]` (`log_fields`); the edge (`edge.py`, pure
+ASGI: Starlette's BaseHTTPMiddleware would hide client disconnects from the handlers) adds
+status, timings and the request id, then writes one line to `access_log`.
 Never log keys or message content: only what the handlers and stages record
 (ids, counts, timings, reasons). JSON lines carry ISO-8601 timestamps and leave out
 fields without a value; text lines are rendered by `tail.render`, as `recap tail`
@@ -16,13 +16,11 @@ import json
 import logging
 import os
 import sys
-import time
-import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
 from proxy.ansi import Style
-from proxy.relay import Message, Receive, Scope, Send
+from proxy.relay import Scope
 from proxy.tail import render
 
 access_log = logging.getLogger("recap.access")
@@ -100,47 +98,7 @@ def configure_logging(
 
 
 def log_fields(scope: Scope) -> dict[str, Any]:
-    """The mutable log fields of this request (set up by AccessLog)."""
+    """The mutable log fields of this request (set up by the edge, `edge.py`)."""
     state = scope.setdefault("state", {})
     fields: dict[str, Any] = state.setdefault("log", {})
     return fields
-
-
-class AccessLog:
-    """Assigns the request id, sets `x-recap-request-id`, and writes the access line."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        request_id = uuid.uuid4().hex[:16]
-        fields = log_fields(scope)
-        fields.update(request_id=request_id, method=scope["method"], path=scope["path"])
-        first_byte: list[float] = []
-
-        async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                fields["status"] = message["status"]
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (b"x-recap-request-id", request_id.encode()),
-                ]
-            elif message["type"] == "http.response.body" and not first_byte and message.get("body"):
-                first_byte.append(time.perf_counter())
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            if scope["path"] not in QUIET_PATHS:
-                end = time.perf_counter()
-                if first_byte:
-                    # Unless the handler knows better (a compacting stream's first
-                    # bytes are progress comments, not the model's).
-                    fields.setdefault("ttfb_ms", round((first_byte[0] - start) * 1000, 1))
-                fields["total_ms"] = round((end - start) * 1000, 1)
-                access_log.info("request", extra={"fields": fields})

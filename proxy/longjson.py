@@ -34,8 +34,16 @@ def dumps(
     ensure_ascii: bool = True,
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
+    parsed_from: int | None = None,
 ) -> str:
-    """Exactly `json.dumps(value, ensure_ascii=..., separators=..., sort_keys=...)`."""
+    """Exactly `json.dumps(value, ensure_ascii=..., separators=..., sort_keys=...)`.
+
+    `parsed_from`: the value was parsed from JSON of at most this many bytes, so no string
+    in it is longer; below `LONG_CHARS` it is dumped at once, without the walk."""
+    if parsed_from is not None and parsed_from <= LONG_CHARS:
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys
+        )
     return "".join(
         pieces(value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
     )
@@ -55,7 +63,7 @@ def pieces(
         "sort_keys": sort_keys,
     }
     longs: list[str] = []
-    nonce = secrets.token_hex(8)
+    nonce: list[str] = []  # made only if a long string is found (`_marker`)
     try:
         skeleton = _swap(value, longs, nonce)
     except RecursionError:
@@ -88,11 +96,13 @@ def _escaped(text: str, ensure_ascii: bool) -> Iterable[str]:
         yield json.dumps(text[i : i + SLICE_CHARS], ensure_ascii=ensure_ascii)[1:-1]
 
 
-def _marker(nonce: str, i: int) -> str:
-    return f"\x00recap-long-{nonce}-{i}\x00"
+def _marker(nonce: list[str], i: int) -> str:
+    if not nonce:
+        nonce.append(secrets.token_hex(8))
+    return f"\x00recap-long-{nonce[0]}-{i}\x00"
 
 
-def _swap(value: Any, longs: list[str], nonce: str) -> Any:
+def _swap(value: Any, longs: list[str], nonce: list[str]) -> Any:
     """`value` with each long string replaced by a marker (and collected), or value itself."""
     if isinstance(value, str):
         if len(value) > LONG_CHARS:

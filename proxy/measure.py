@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from proxy import attachments
 from proxy.messages import Message, fingerprint
 from proxy.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
@@ -90,17 +91,33 @@ _FRAMING = 16
 
 
 def _size_bound(message: Message) -> int:
-    """Tokens <= 4 x characters of every string in the message, plus framing.
+    """Tokens <= 4 x characters of what `tokens.message_tokens` counts, plus framing.
 
-    Image parts weigh a fixed count that their URL's length does not bound, so any
-    list content or odd shape is far over any trigger's bound: it is simply counted.
+    Only the fields it reads weigh (a dialect's own keys, such as the Responses items a
+    message stands for, are not counted, so they bound nothing). Attachments (images,
+    audio, files) weigh what the provider bills, which their size does not bound, so a
+    message with one, or any odd shape, is far over any trigger's bound: it is simply
+    counted.
     """
     chars = 0
-    for key, value in message.items():
+    for key in _COUNTED:
+        value = message.get(key)
+        if value is None:
+            continue
         if isinstance(value, str):
             chars += len(value) + len(key)
-        elif key == "tool_calls" and isinstance(value, list):
+        elif key in ("tool_calls", "function_call") and isinstance(value, list | dict):
             chars += len(json.dumps(value))
-        elif value is not None:
+        elif key == "content" and isinstance(value, list):
+            for part in value:
+                if attachments.is_attachment(part):
+                    return 1 << 40
+                # A text part counts its text, anything else its JSON: both within this.
+                chars += len(json.dumps(part))
+        else:
             return 1 << 40
     return 4 * chars + _FRAMING
+
+
+# The fields `tokens.message_tokens` counts.
+_COUNTED = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call")

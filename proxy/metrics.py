@@ -25,10 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from proxy.logs import QUIET_PATHS, log_fields
-from proxy.relay import Receive, Scope, Send
-
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware", "compactions_of", "route_of"]
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "compactions_of", "route_of"]
 
 # Overhead is milliseconds without compaction, up to the summarizer timeout with it.
 _OVERHEAD_BUCKETS = (
@@ -181,24 +178,3 @@ class Metrics:
             self.errors.labels(str(code)).inc()
         for entry in fields.get("stage_errors") or ():
             self.stage_errors.labels(str(entry).split(":", 1)[0]).inc()
-
-
-class MetricsMiddleware:
-    """Pure ASGI, outermost: by the time the inner app returns, the access log's
-    fields (status, total_ms) and the handlers' fields are all set."""
-
-    def __init__(self, app: Any, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in QUIET_PATHS:
-            await self.app(scope, receive, send)
-            return
-        fields = log_fields(scope)
-        self.metrics.in_flight.inc()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.metrics.in_flight.dec()
-            self.metrics.observe(scope["path"], fields)

@@ -91,6 +91,9 @@ def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         # boundary (boundary.py), like every other route's.
         state: AppState = request.state.recap
         fields = log_fields(request.scope)  # type: ignore[arg-type]  # the ASGI scope
+        # What the archiver holds (journaled, not yet stored) goes to the store first: an
+        # operator sees every request answered so far.
+        await state.archiver.flush()
         return await handler(request, state, fields)
 
     return endpoint

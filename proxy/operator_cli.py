@@ -4,8 +4,10 @@ Off the data path: each command opens the store the config names, exactly as the
 server does (`open_store(config.store, config.base_dir)`), so it reads what a
 running proxy writes (SQLite in WAL mode lets both in at once). The queries are the
 ones the `/v1/recap/` routes answer with (`inspection.py`, `export.py`); this module
-only chooses the tenant and prints. Exit status: 0 done, 1 the operation failed
-(unknown conversation, store down, failed compaction), 2 bad config or arguments.
+only chooses the tenant and prints. What a killed server left in its archive journal
+(proxy/journal.py) is stored first, as the server's next start would. Exit status: 0 done,
+1 the operation failed (unknown conversation, store down, failed compaction), 2 bad config
+or arguments.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
+from proxy.archive import Archiver
 from proxy.config import Config, Tenant
 from proxy.errors import RecapError
+from proxy.journal import journal_dir
 from proxy.store import Store, StoreError, open_store
 from proxy.store.base import ConversationRef
 
@@ -50,6 +54,11 @@ def run(config: Config, work: Callable[[Store], Awaitable[int]], err: TextIO | N
     async def main() -> int:
         store = open_store(config.store, config.base_dir, pool=config.store_pool)
         async with store:
+            journals = journal_dir(config.store, config.archive.journal_dir, config.base_dir)
+            if journals is not None:
+                # A server that was killed left records in its journal: store them first,
+                # as its next start would (a running server's journal is locked, not read).
+                await Archiver(store).replay(journals)
             return await work(store)
 
     try:

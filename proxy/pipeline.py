@@ -12,11 +12,12 @@ that stage. The app builds the list once (`app.build_stages`); the README names 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from proxy.config import Tenant
 from proxy.dialects.base import Dialect
@@ -29,6 +30,9 @@ from proxy.store.base import ConversationRef, StoreError
 log = logging.getLogger("recap.pipeline")
 
 Control = Literal["off", "auto", "force"]
+
+
+T = TypeVar("T")
 
 
 async def _no_notify(_: str) -> None:
@@ -54,8 +58,10 @@ class Exchange:
     messages: list[Message] = field(default_factory=list)
     # The API the request speaks: where its history sits in `body`, how it is written back.
     dialect: Dialect = field(default_factory=ChatDialect)
-    # Keep-alive / progress notes for the client (SSE comments when streaming).
+    # Keep-alive / progress notes for the client (SSE comments when streaming)...
     notify: Callable[[str], Awaitable[None]] = _no_notify
+    # ...and how often `waiting` repeats one while a summarizer call runs (0: never).
+    keepalive_s: float = 0.0
     # Fields for the request's log line, and extra response headers.
     log_fields: dict[str, Any] = field(default_factory=dict)
     response_headers: dict[str, str] = field(default_factory=dict)
@@ -130,6 +136,22 @@ class Exchange:
             return False
         self.unarchived = []
         return True
+
+    async def waiting(self, work: Awaitable[T], note: str = "recap compacting") -> T:
+        """`work` (a summarizer call), with `note` sent every `keepalive_s` while it runs:
+        a slow local model takes minutes, and a silent stream looks dead to clients and
+        intermediaries that cut idle streams. Cancelling this cancels `work`."""
+        if self.keepalive_s <= 0:
+            return await work
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.keepalive_s)
+                if done:
+                    return task.result()
+                await self.notify(note)
+        finally:
+            task.cancel()
 
     @property
     def changed(self) -> bool:

@@ -85,29 +85,36 @@ async def until_disconnect(
     is set by a body that is being streamed): from then on the only thing
     `receive` can return is the disconnect.
     """
-    task = asyncio.ensure_future(work)
+    # The work runs in this task (no second task, no asyncio.wait on every request's
+    # path); the watcher cancels it when the client goes.
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
 
     async def watch() -> None:
+        nonlocal gone
         if body_read is not None:
             await body_read.wait()
         while (await receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        current.cancel()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
+        if not gone:
+            raise
+        current.uncancel()  # the cancel was the watcher's: the request ends as disconnected
+        raise ClientDisconnected() from None
+    except Exception:
+        if gone:
+            # The work was abandoned on purpose: whatever it raised while cancelling is moot.
+            raise ClientDisconnected() from None
         raise
-    if task.done():
+    finally:
         watcher.cancel()
-        return task.result()
-    task.cancel()
-    # The work is abandoned on purpose: whatever it raises while cancelling is moot.
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    raise ClientDisconnected()
 
 
 class Responder:

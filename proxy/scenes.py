@@ -9,7 +9,9 @@ The default scenes ship inside the package (`proxy/scenes_default/<kind>.yaml`,
 package data), so a wheel installed anywhere starts with a config in any directory;
 a config's `scenes_dir` replaces them, a tenant's `scenes` replaces one kind.
 
-A scene file is YAML with the keys in `_KEYS`. Templates use `{{variable}}`
+A scene file is YAML with the keys in `_KEYS`. `length_retry` (optional, a template
+like the others, `DEFAULT_LENGTH_RETRY` when absent) is appended to the user prompt when
+a summary was cut by `max_tokens` and is asked for once more, shorter. Templates use `{{variable}}`
 placeholders plus two section forms, `{{#v}}...{{/v}}` (kept when v is
 non-blank) and `{{^v}}...{{/v}}` (kept when v is blank). A section tag alone on
 its line takes the line with it, so optional blocks leave no blank lines behind.
@@ -90,10 +92,32 @@ class Scene:
     description: str = ""
     # The kind the scene was validated as; lets `render` check the caller's values.
     kind: str = ""
+    length_retry: str = ""
+
+
+# Appended to the user prompt of the second try after a summary was cut by its token
+# limit; {{max_summary_chars}} is then half the first try's target.
+DEFAULT_LENGTH_RETRY = """\
+Your previous answer was cut off because it was too long. Write the summary again, much
+shorter{{#max_summary_chars}} (at most {{max_summary_chars}} characters){{/max_summary_chars}}:
+do not copy tool output, logs, code or long quotes; keep the user's constraints,
+identifiers, values, decisions and pending work, one short line each. Keep every section
+and end with </summary>.
+"""
 
 
 _REQUIRED_KEYS = ("name", "system", "user")
-_KEYS = frozenset({*_REQUIRED_KEYS, "description", "model", "temperature", "top_p", "max_tokens"})
+_KEYS = frozenset(
+    {
+        *_REQUIRED_KEYS,
+        "description",
+        "model",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "length_retry",
+    }
+)
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 # A section tag alone on its line (standalone) swallows its line; otherwise tags are inline.
@@ -229,7 +253,10 @@ def load_scene(path: str | Path | Traversable, kind: str) -> Scene:
     allowed = KINDS[kind].variables
     used: set[str] = set()
     templates: dict[str, str] = {}
-    for key in ("system", "user"):
+    for key in ("system", "user", "length_retry"):
+        if key == "length_retry" and key not in data:
+            templates[key] = DEFAULT_LENGTH_RETRY
+            continue
         text = _check_string(data, key, where, empty_ok=False)
         try:
             names = _names(_parse(text))
@@ -241,7 +268,8 @@ def load_scene(path: str | Path | Traversable, kind: str) -> Scene:
                 f"{where}: {key}: unknown variable {', '.join(bad)} for a {kind} scene "
                 f"(allowed: {', '.join(sorted(allowed))})"
             )
-        used |= names
+        if key != "length_retry":
+            used |= names
         templates[key] = text
     unused = sorted(KINDS[kind].required - used)
     if unused:
@@ -257,6 +285,7 @@ def load_scene(path: str | Path | Traversable, kind: str) -> Scene:
         user=templates["user"],
         description=_check_string(data, "description", where, empty_ok=True),
         kind=kind,
+        length_retry=templates["length_retry"],
     )
 
 
@@ -267,6 +296,14 @@ def render(scene: Scene, **values: str | int) -> tuple[str, str]:
     For a scene with a known kind, a missing required value or a value the kind
     does not define is a programming error and raises SceneError.
     """
+    return render_values(scene, values)
+
+
+def render_values(
+    scene: Scene, values: Mapping[str, str | int], *, length_retry: bool = False
+) -> tuple[str, str]:
+    """`render` with the values as a mapping; `length_retry`: the scene's `length_retry`
+    text follows the user prompt (the second, shorter try after a cut by max_tokens)."""
     spec = KINDS.get(scene.kind)
     if spec is not None:
         unknown = sorted(set(values) - spec.variables)
@@ -279,12 +316,14 @@ def render(scene: Scene, **values: str | int) -> tuple[str, str]:
     if "language" in text:
         text["language"] = language_label(text["language"])
     rendered: list[str] = []
-    for template in (scene.system, scene.user):
+    retry = (scene.length_retry or DEFAULT_LENGTH_RETRY) if length_retry else ""
+    for template in (scene.system, scene.user, retry):
         out: list[str] = []
         # Templates were validated at load; parsing again is cheap next to a model call.
         _emit(_parse(template), text, out)
         rendered.append("".join(out).strip())
-    return rendered[0], rendered[1]
+    user = f"{rendered[1]}\n\n{rendered[2]}" if rendered[2] else rendered[1]
+    return rendered[0], user
 
 
 class SceneSet:

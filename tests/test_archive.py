@@ -12,7 +12,7 @@ from proxy.measure import Measure
 from proxy.messages import Classification
 from proxy.pipeline import Exchange
 from proxy.store import ConversationRef, SqliteStore
-from proxy.store.base import ExchangeRecord
+from proxy.store.base import ExchangeRecord, JournalMark
 from proxy.tokens import TokenCounter
 
 
@@ -23,8 +23,10 @@ class CountingStore(SqliteStore):
         super().__init__(path)
         self.transactions: list[list[str]] = []
 
-    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
-        await super().record_exchanges(items)
+    async def record_exchanges(
+        self, items: Sequence[ExchangeRecord], mark: JournalMark | None = None
+    ) -> None:
+        await super().record_exchanges(items, mark)
         self.transactions.append([t for item in items for t, _ in item.events])
 
 

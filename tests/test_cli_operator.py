@@ -73,6 +73,10 @@ def live(tmp_path: Path, upstream_url: str) -> Iterator[tuple[Path, str]]:
                 timeout=60,
             )
             assert r.status_code == 200
+        # The server stores journaled records in batches; an operator route stores what is
+        # queued before it reads, so after it the CLI beside the server sees everything.
+        r = httpx.get(f"{url}/recap/conversations", headers={"authorization": "Bearer key-a"})
+        assert r.status_code == 200
         yield cfg, url
 
 

@@ -354,3 +354,33 @@ def test_the_log_line_says_what_remote_compaction_did(
     assert trigger["conversation"] == codex.SESSION and trigger["tenant"] == "a"
     assert expanded["remote_compaction"] == "expanded"
     assert expanded["conversation"] == codex.SESSION
+
+
+def test_remote_compaction_calls_fit_the_summarizer_window(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """Each summarizer call of a remote compaction fits summarizer.context_window."""
+    from proxy.tokens import TokenCounter
+
+    fake, _ = upstream
+    base = recap(
+        summarizer={"context_window": 8192},
+        compaction={"session": {"max_summary_chars": 3000}},
+    )
+    items = [*codex.initial_context(), codex.message("user", "Fix the failing tests", 10)]
+    for n in range(12):
+        log = "\n".join(f"tests/test_{n}.py::case_{k} FAILED code {k * n}" for k in range(60))
+        items += codex.tool_round(20 + n, f"pytest -q tests/test_{n}.py", log)
+    r = httpx.post(
+        f"{base}/responses/compact",
+        json=codex.compact_body(items),
+        headers=codex.headers("compaction", "key-a"),
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    calls = fake.summarizer_calls()
+    assert len(calls) > 1
+    counter = TokenCounter()
+    for call in calls:
+        prompt = sum(counter.count_text(m["content"], call["model"]) for m in call["messages"])
+        assert prompt + call["max_tokens"] <= 8192

@@ -8,11 +8,13 @@ byte, not the comment's.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from typing import Any
 
 from tests.conftest import LogCapture
 from tests.fakes import Reply
-from tests.faults import SummarizerFake, history, stream
+from tests.faults import SUMMARY, Answer, SummarizerFake, history, stream
 
 MODEL_DELAY_S = 0.5
 
@@ -45,3 +47,30 @@ def test_compacting_stream_keeps_upstream_request_id_and_model_ttfb(
     assert line["upstream_request_id"] == "req_up_42"
     # The model cannot have sent its first byte before its delay: a lower bound, by cause.
     assert line["ttfb_ms"] >= MODEL_DELAY_S * 1000
+
+
+def test_a_stream_waiting_for_a_slow_summary_gets_keepalive_comments(
+    upstream: tuple[SummarizerFake, str], start: Callable[..., str]
+) -> None:
+    """The summarizer answers only once the client has seen a keep-alive comment after the
+    first one: without them it would wait out its patience and the test fail."""
+    fake, up = upstream
+    seen = threading.Event()
+
+    def answer(body: dict[str, Any]) -> Answer:
+        seen.wait(10)  # the fake's own loop: nothing else waits on it meanwhile
+        return Answer(content=SUMMARY)
+
+    fake.answer = answer
+    url = start(up, listen={"sse_keepalive_s": 0.05})
+    lines: list[str] = []
+    with stream(url, history(), "keepalive", timeout=30) as r:
+        for line in r.iter_lines():
+            if line:
+                lines.append(line)
+            if lines.count(": recap compacting") >= 2:
+                seen.set()
+    assert seen.is_set()
+    compacted = lines.index(": recap compacted")
+    assert lines[:compacted].count(": recap compacting") >= 2
+    assert lines[-1] == "data: [DONE]"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, load_config, parse_config
+from proxy.config import ConfigError, Tenant, load_config, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -141,6 +141,18 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
             {"tenants": {"a": {"compaction": {"trim": {"trim_keep_recent": -1}}}}},
             "tenants.a.compaction.trim.trim_keep_recent",
         ),
+        (
+            {"tenants": {"a": {"summarizer": {"context_window": 2047}}}},
+            "tenants.a.summarizer.context_window",
+        ),
+        (
+            {"tenants": {"a": {"summarizer": {"context_window": 0}}}},
+            "tenants.a.summarizer.context_window",
+        ),
+        (
+            {"tenants": {"a": {"summarizer": {"context_window": 10**8}}}},
+            "tenants.a.summarizer.context_window",
+        ),
     ],
 )
 def test_out_of_range_numbers_rejected_by_name(data: dict, name: str) -> None:
@@ -162,3 +174,6 @@ def test_in_range_edges_load() -> None:
         env={},
     )
     assert cfg.tenants["a"].compaction.session.trigger_ratio == 1
+    assert Tenant("t").summarizer.context_window == 16384
+    edge = {"tenants": {"a": {"summarizer": {"context_window": 2048}}}}
+    assert parse_config(edge, env={}).tenants["a"].summarizer.context_window == 2048

@@ -5,8 +5,10 @@ chat requests (streamed and not) on their own conversations, and the proxy is ki
 with SIGKILL by a client thread the moment it holds a complete answer, at a different
 point in each round. After every round the archive must hold, for each request that
 got a complete 200 answer, its request event and every original message exactly as
-sent. (The archive commits the request's record while the upstream answers, and the
-answer's final bytes wait for that commit.)
+sent, exactly once. (The archive appends the request's record to its journal before the
+answer's final bytes, and the next start stores what a killed process left there; with
+the journal switched off it commits the record while the upstream answers, and the
+final bytes wait for that commit.)
 """
 
 from __future__ import annotations
@@ -119,8 +121,9 @@ def load_until_killed(
     return answered
 
 
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "commit"])
 def test_answered_requests_survive_sigkill(
-    store_url: str, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+    store_url: str, journal: bool, upstream_url: str, fake: FakeUpstream, tmp_path: Path
 ) -> None:
     fake.script([Reply(content="one two three four five six")])
     config = tmp_path / "config.yaml"
@@ -128,6 +131,7 @@ def test_answered_requests_survive_sigkill(
         yaml.safe_dump(
             {
                 "store": store_url,
+                "archive": {"journal": journal},
                 "tenants": {"default": {"upstream": {"base_url": f"{upstream_url}/v1"}}},
             }
         )
@@ -139,6 +143,10 @@ def test_answered_requests_survive_sigkill(
         answered.update(load_until_killed(proc, f"http://127.0.0.1:{port}", round_, kill_after))
         assert proc.returncode == -9
     assert len(answered) >= sum(KILL_AFTER)
+    # Started once more: it stores what the last killed process left in its journal.
+    proc = start(config, free_port(), tmp_path)
+    proc.terminate()
+    proc.wait(30)
 
     async def missing() -> list[str]:
         out = []
@@ -149,6 +157,9 @@ def test_answered_requests_survive_sigkill(
                 if event is None:
                     out.append(f"{conv}: no request event")
                     continue
+                requests = [e async for e in store.events(ref) if e.type == "request"]
+                if len(requests) != 1:
+                    out.append(f"{conv}: {len(requests)} request events")
                 fps = event.payload["messages"]
                 bodies = await store.archived_messages(ref, fps)
                 if [json.loads(bodies[fp]) for fp in fps if fp in bodies] != messages:

@@ -38,7 +38,7 @@ from proxy.messages import Classification, chain_hashes, fingerprint, split_pinn
 from proxy.pipeline import Exchange
 from proxy.planning.framing import FRAME_CLOSE, FRAME_OPEN
 from proxy.store import ConversationRef, SqliteStore, StoreError
-from proxy.store.base import ExchangeRecord
+from proxy.store.base import ExchangeRecord, JournalMark
 from proxy.tokens import TokenCounter
 from tests.conftest import REPO, LogCapture
 from tests.faults import (
@@ -249,10 +249,12 @@ async def test_a_write_queues_for_a_lock_held_briefly(tmp_path: Path) -> None:
 class PickyStore(SqliteStore):
     """A working store that cannot hold one conversation's records (whatever the reason)."""
 
-    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
+    async def record_exchanges(
+        self, items: Sequence[ExchangeRecord], mark: JournalMark | None = None
+    ) -> None:
         if any(item.conversation.key == "poison" for item in items):
             raise StoreError("sqlite SQLITE_TOOBIG: string or blob too big")
-        await super().record_exchanges(items)
+        await super().record_exchanges(items, mark)
 
 
 async def test_a_record_the_store_cannot_hold_blocks_no_other(tmp_path: Path) -> None:

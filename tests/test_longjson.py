@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import longjson
+from proxy.longjson import LONG_CHARS
 from proxy.messages import fingerprint
 
 TEXT = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from('"\\\n\x01\ud800'))
@@ -119,3 +120,11 @@ def test_a_huge_literal_is_decoded_in_slices() -> None:
         raw = json.dumps({"messages": [{"content": text}]}, ensure_ascii=ensure_ascii).encode()
         assert longjson._long_literals(raw), "the literal counts as long"
         assert longjson.loads(raw) == {"messages": [{"content": text}]}
+
+
+def test_parsed_from_gives_the_same_text_with_or_without_the_walk() -> None:
+    value = {"b": ["x" * 100, {"c": 1.5, "d": None}], "a": "\u4e2d\u6587"}
+    expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    for size in (None, 10, LONG_CHARS, LONG_CHARS + 1):
+        out = longjson.dumps(value, ensure_ascii=False, separators=(",", ":"), parsed_from=size)
+        assert out == expected

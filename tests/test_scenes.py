@@ -313,3 +313,29 @@ def test_scene_is_frozen() -> None:
     assert isinstance(scene, Scene)
     with pytest.raises(AttributeError):
         scene.temperature = 1.0  # type: ignore[misc]
+
+
+def test_length_retry_text_follows_the_prompt_and_a_scene_may_replace_it(
+    tmp_path: Path,
+) -> None:
+    from proxy.scenes import render_values
+
+    scene = SceneSet().get("session_compact")
+    values = {"transcript": "User: hi", "max_summary_chars": 450}
+    system, user = render(scene, **values)
+    retry_system, retry_user = render_values(scene, values, length_retry=True)
+    assert retry_system == system and retry_user.startswith(user)
+    added = retry_user[len(user) :]
+    assert "cut off because it was too long" in added and "at most 450 characters" in added
+    assert "do not copy tool output" in added
+    # A scene's own text, validated like its templates.
+    own = MINIMAL + 'length_retry: "SHORTER, {{max_summary_chars}} chars"\n'
+    custom = load_scene(write_scene(tmp_path, own), "session_compact")
+    assert render_values(custom, values, length_retry=True)[1] == "User: hi\n\nSHORTER, 450 chars"
+    bad = MINIMAL + 'length_retry: "{{goal}}"\n'
+    with pytest.raises(SceneError, match="length_retry: unknown variable goal"):
+        load_scene(write_scene(tmp_path, bad, "bad.yaml"), "session_compact")
+    with pytest.raises(SceneError, match="length_retry: must not be empty"):
+        load_scene(
+            write_scene(tmp_path, MINIMAL + 'length_retry: " "\n', "e.yaml"), "session_compact"
+        )

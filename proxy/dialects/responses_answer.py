@@ -54,6 +54,25 @@ class ResponsesRecorder(AnswerRecorder):
         self.final: dict[str, Any] | None = None
         self.items: list[Any] = []
 
+    def _parse_stream(self, body: bytes) -> None:
+        # The last event is normally the final one, and it holds the whole response: read
+        # it alone when it is (the other events only repeat pieces of it).
+        at = body.rfind(b"\ndata:")
+        if at >= 0:
+            line = body[at + 6 :].split(b"\n", 1)[0].strip()
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = None
+            if (
+                isinstance(event, dict)
+                and event.get("type") in _FINAL
+                and isinstance(event.get("response"), dict)
+            ):
+                self.final = event["response"]
+                return
+        super()._parse_stream(body)
+
     def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind in _FINAL and isinstance(event.get("response"), dict):

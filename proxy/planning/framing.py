@@ -78,6 +78,20 @@ def check_summary(text: str, finish_reason: str | None, max_chars: int) -> str |
     return None
 
 
+_HEADING = re.compile(r"^[ \t]*#{1,6}[ \t]+\S", re.MULTILINE)
+
+
+def complete_sections(text: str) -> str:
+    """What is left of a summary cut off mid-way (`finish_reason: length`) when the section
+    it was cut in goes: everything before its last heading, or "" when no section before
+    that one is complete. The cut section may have lost any part of itself, so it goes
+    whole, even when the cut fell at its very end."""
+    starts = [m.start() for m in _HEADING.finditer(text)]
+    if len(starts) < 2:
+        return ""
+    return text[: starts[-1]].strip()
+
+
 # Anything that reads as our frame tag once folded: an opening bracket (or an HTML
 # entity for one), optional slash, the name with any separators. Matched on a
 # folded copy (see _fold) so full-width letters and invisible characters (folded to

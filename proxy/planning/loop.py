@@ -24,6 +24,11 @@ System and developer messages inside the summarised rounds' span stay in the vie
 order, right after the working summary: instructions are pinned, never summarised.
 
 The newest round always stays raw: it holds the results the model is about to read.
+
+The rounds folded in one call are bounded by the summarizer's context window too (a
+`TranscriptBudget`, planning/budget.py): the newest of the due rounds wait for the next
+step when the older ones fill a call (at least one round is folded; one too large for a
+call is rendered shortened by the caller, transcript.render_within).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Literal
 from proxy.config import LoopCompaction
 from proxy.conversation import ToolRound, tool_rounds, turn_starts
 from proxy.messages import Message, is_pinned
+from proxy.planning.budget import TranscriptBudget
 
 LoopTrigger = Literal["tool_rounds", "tokens"]
 
@@ -92,7 +98,10 @@ def plan_loop(
     policy: LoopCompaction,
     count: Callable[[Message], int],
     context_window: int | None = None,
+    transcript: Callable[[], TranscriptBudget] | None = None,
 ) -> LoopPlan:
+    """Plan this step; `transcript` gives the bound of one call's transcript, asked for
+    only when rounds are due."""
     starts = turn_starts(messages)
     if not starts:
         return LoopPlan(None, (), 0, None, None, "no_turn")
@@ -134,7 +143,20 @@ def plan_loop(
     end = len(rounds) - keep
     if end <= covered:
         return plan(None, trigger, "nothing_to_compact")
+    if transcript is not None:
+        end = _fitting(rounds, covered, end, first_raw, transcript())
     return plan((covered, end), trigger, None)
+
+
+def _fitting(
+    rounds: Sequence[ToolRound], covered: int, end: int, first: int, budget: TranscriptBudget
+) -> int:
+    """The largest end <= `end` whose rounds after `covered` fit one call (at least one)."""
+    total = sum(budget.tokens(i) for i in range(first, rounds[end - 1].end))
+    while end - 1 > covered and total > budget.first:
+        total -= sum(budget.tokens(i) for i in range(rounds[end - 2].end, rounds[end - 1].end))
+        end -= 1
+    return end
 
 
 def loop_view(

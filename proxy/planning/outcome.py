@@ -37,6 +37,16 @@ SKIP_WORDS = {
 }
 
 
+def retry_detail(failure: str | None, retries: int, salvaged: int) -> str:
+    """An audit row's detail: the failure (if any), and whether a length retry was made."""
+    note = ""
+    if retries:
+        note = "after a length retry" + (", complete sections kept" if salvaged else "")
+    if failure:
+        return f"{failure} ({note})" if note else failure
+    return note
+
+
 def in_words(reason: str | None) -> str:
     return SKIP_WORDS.get(reason or "", reason or "unknown reason")
 
@@ -61,6 +71,10 @@ class CompactionOutcome:
     summarizer_tokens_out: int = 0
     restored_references: int = 0
     calls: int = 0  # summarizer calls (session batches)
+    # Summaries asked for a second time, shorter, after a cut by their token limit...
+    length_retries: int = 0
+    # ...and of those, the ones whose complete sections stood in when the retry was cut too.
+    salvaged: int = 0
     saved_chars: int | None = None  # characters the trim placeholders saved (trim)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -86,6 +100,9 @@ class CompactionOutcome:
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
+        for name in ("length_retries", "salvaged"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
         return out | self.extra
 
 
@@ -123,6 +140,8 @@ def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:
     tokens_in = sum(o.summarizer_tokens_in for o in outcomes)
     tokens_out = sum(o.summarizer_tokens_out for o in outcomes)
     restored = sum(o.restored_references for o in outcomes)
+    retries = sum(o.length_retries for o in outcomes)
+    salvaged = sum(o.salvaged for o in outcomes)
     for o in outcomes:
         if o.layer == "session":
             if o.action in ("compacted", "failed"):
@@ -163,4 +182,8 @@ def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:
         out.update(summarizer_tokens_in=tokens_in, summarizer_tokens_out=tokens_out)
     if restored:
         out["restored_references"] = restored
+    if retries:
+        out["summarizer_length_retries"] = retries
+    if salvaged:
+        out["summaries_salvaged"] = salvaged
     return out

@@ -36,11 +36,18 @@ Rules, and why:
 - Saving: the slice's tokens minus the summary's estimated growth; the summary is assumed
   to grow by the slice up to max_summary_chars (seed 002's min_saving_tokens).
 - Batches: at most max_batch_messages messages per summarizer call, max_rounds_per_request
-  calls. A batch ends before a turn-starting user message; a turn longer than a batch is cut
-  at a tool-round boundary inside it rather than stall. The final boundary is moved back to
-  a turn start when the rounds run out mid-turn, unless no batch ends at one (a single turn
-  longer than all rounds together), where progress wins over the rule: the history stays
-  valid because every batch ends at a valid cut point.
+  calls, and (with a `TranscriptBudget`) at most the transcript tokens the summarizer's
+  context window leaves for one call (planning/budget.py). A batch ends before a
+  turn-starting user message; a turn longer than a batch is cut at a tool-round boundary
+  inside it rather than stall. With a token budget a batch is also cut inside a turn when
+  ending at the turn's start would fold less than half of what fits: each call rewrites
+  the whole summary, so a small batch costs nearly as much as a full one. One tool round
+  (or a lone message) larger than a batch goes whole: the caller renders it shortened to
+  fit (transcript.render_within), which loses the middle of its largest items rather than
+  stall the conversation's compaction. The final boundary is moved back to a turn start
+  when the rounds run out mid-turn, unless no batch ends at one (a single turn longer than
+  all rounds together), where progress wins over the rule: the history stays valid
+  because every batch ends at a valid cut point.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from typing import Literal
 from proxy.config import SessionCompaction
 from proxy.conversation import turn_cut_points, valid_cut_points
 from proxy.messages import Message, is_pinned
+from proxy.planning.budget import TranscriptBudget
 
 # Summaries are written to a character budget; this converts it to tokens for the saving
 # estimate (English prose; Chinese is denser, which only makes the estimate cautious).
@@ -100,12 +108,15 @@ def plan_session(
     count: Callable[[Message], int],
     count_text: Callable[[str], int],
     force: bool = False,
+    budget: Callable[[], TranscriptBudget] | None = None,
 ) -> SessionPlan:
     """Decide whether and what to compact for this request (see the module docstring).
 
     `force` (manual compaction) bypasses the thresholds, the saving estimate, the
     retention of recent turns and `enabled`: it folds everything before the current
-    turn, and skips only when nothing there is left to fold. Raises ValueError if
+    turn, and skips only when nothing there is left to fold. `budget` gives the bound of
+    each batch's transcript in tokens (indices into `body`), asked for only when there are
+    batches to cut. Raises ValueError if
     `applied` covers more than the body holds.
     """
     covered = applied.covered if applied is not None else 0
@@ -159,7 +170,7 @@ def plan_session(
     if not force and slice_tokens - growth < policy.min_saving_tokens:
         return skip("saving_below_min", trigger)
 
-    batches = _batches(body, covered, cut, policy)
+    batches = _batches(body, covered, cut, policy, budget() if budget is not None else None)
     new_covered = batches[-1][1]
     done = tokens.span(covered, new_covered)
     after = (
@@ -228,17 +239,38 @@ def _summary_after(summary_tokens: int, added: int, policy: SessionCompaction) -
 
 
 def _batches(
-    body: Sequence[Message], start: int, cut: int, policy: SessionCompaction
+    body: Sequence[Message],
+    start: int,
+    cut: int,
+    policy: SessionCompaction,
+    budget: TranscriptBudget | None = None,
 ) -> list[tuple[int, int]]:
     # `cut` is a turn cut point, so it ends both lists.
     turn_ends = [c for c in turn_cut_points(body) if start < c <= cut]
     any_ends = [c for c in valid_cut_points(body) if start < c <= cut]
     size = max(policy.max_batch_messages, 1)
+    # weight[k]: transcript tokens of body[first:first + k], only for what may be folded.
+    first = start
+    weight = (
+        _Prefix([budget.tokens(i) for i in range(start, cut)]).sums if budget is not None else []
+    )
     batches: list[tuple[int, int]] = []
     while start < cut and len(batches) < max(policy.max_rounds_per_request, 1):
-        end = _last_at_most(turn_ends, start, start + size)
+        limit = start + size
+        if budget is not None:
+            # The furthest end whose transcript still fits this call's budget.
+            room = weight[start - first] + budget.limit(len(batches))
+            limit = min(limit, first + bisect.bisect_right(weight, room) - 1)
+        end = _last_at_most(turn_ends, start, limit)
+        further = _last_at_most(any_ends, start, limit)
         if end is None:
-            end = _last_at_most(any_ends, start, start + size)
+            end = further
+        elif budget is not None and further is not None:
+            # Every call rewrites the whole summary: a turn end that leaves most of the
+            # call's room unused gives way to a round boundary inside the next turn.
+            at = weight[start - first]
+            if 2 * (weight[end - first] - at) < weight[further - first] - at:
+                end = further
         if end is None:  # one tool round larger than a batch: it goes whole
             end = any_ends[bisect.bisect_right(any_ends, start)]
         batches.append((start, end))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -169,6 +169,40 @@ def render_transcript(messages: Sequence[Any], max_item_chars: int = 4000) -> st
         for item in _render_message(message, call_names):
             items.append(head_tail(item, max_item_chars))
     return _ITEM_SEPARATOR.join(items)
+
+
+# The smallest cap render_within gives one item before it cuts the transcript as a whole.
+_MIN_ITEM_CHARS = 200
+
+
+def render_within(
+    messages: Sequence[Any], max_item_chars: int, max_tokens: int, count: Callable[[str], int]
+) -> str:
+    """`render_transcript`, with items cut further until the text takes at most `max_tokens`.
+
+    For a tool round (or message) too large for any summarizer call: its largest items
+    lose their middle first (head and tail kept, as always); if many small items are still
+    too many, the transcript as a whole keeps its head and tail. The planners size batches
+    so that this is the exception.
+    """
+    cap = max_item_chars
+    text = render_transcript(messages, cap)
+    for _ in range(6):
+        tokens = count(text)
+        if tokens <= max_tokens:
+            return text
+        longest = max((len(item) for item in text.split(_ITEM_SEPARATOR)), default=0)
+        cap = max(_MIN_ITEM_CHARS, int(min(cap, longest) * max_tokens / tokens * 0.9))
+        shorter = render_transcript(messages, cap)
+        if shorter == text:
+            break
+        text = shorter
+    for _ in range(4):
+        tokens = count(text)
+        if tokens <= max_tokens:
+            break
+        text = head_tail(text, max(0, int(len(text) * max_tokens / tokens * 0.9)))
+    return text
 
 
 # Script detection for the summary's language. Each entry: a language and the

@@ -32,14 +32,28 @@ from proxy.config import LoopCompaction
 from proxy.conversation import is_turn_start, tool_rounds, turn_starts
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
+from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
-from proxy.planning.outcome import CompactionOutcome, log_started
-from proxy.planning.transcript import content_text, detect_language, head_tail, render_transcript
+from proxy.planning.outcome import CompactionOutcome, log_started, retry_detail
+from proxy.planning.transcript import (
+    content_text,
+    detect_language,
+    head_tail,
+    render_transcript,
+    render_within,
+)
 from proxy.scenes import SceneSet
 from proxy.stages.audit import audit
-from proxy.stages.summarize import Summarizer, SummarizerFailed, SummaryResult
+from proxy.stages.summarize import (
+    MIN_TRANSCRIPT_TOKENS,
+    CallLimits,
+    Summarizer,
+    SummarizerFailed,
+    SummaryResult,
+    call_limits,
+)
 from proxy.store.base import CompactionRecord, LoopSummary, Store
 
 log = logging.getLogger("recap.loop")
@@ -80,7 +94,14 @@ class LoopStage:
             return
         rounds = {"tool_rounds": len(probe.rounds)}
         state = await self._state(ex, hashes)
-        plan = plan_loop(messages, state, policy, count, ex.context_window) if state else probe
+
+        def replan(state: LoopState | None) -> LoopPlan:
+            def budget() -> TranscriptBudget:
+                return self._limits(ex, policy, probe, state).budget
+
+            return plan_loop(messages, state, policy, count, ex.context_window, budget)
+
+        plan = replan(state)
         outcome = CompactionOutcome("loop", "skipped", plan.trigger, plan.skip_reason, extra=rounds)
         if plan.compact_rounds is not None and not await ex.ensure_archived():
             outcome = dataclasses.replace(outcome, skip_reason="archive_failed")
@@ -90,7 +111,7 @@ class LoopStage:
                 fresher = await self._state(ex, hashes)
                 if fresher != state:
                     state = fresher
-                    plan = plan_loop(messages, state, policy, count, ex.context_window)
+                    plan = replan(state)
                     outcome = dataclasses.replace(outcome, skip_reason=plan.skip_reason)
                 if plan.compact_rounds is not None:
                     state, outcome = await self._compact(ex, policy, plan, state, turn_hash, hashes)
@@ -183,6 +204,7 @@ class LoopStage:
                 tokens_before=before,
                 tokens_after=before,
                 duration_ms=int((time.perf_counter() - start) * 1000),
+                length_retries=int(exc.retried),
             )
             await self._audit(ex, plan, failed, "", (0, 0))
             await ex.notify(f"recap compaction failed: {exc.reason}")
@@ -194,36 +216,82 @@ class LoopStage:
         await ex.notify("recap compacted")
         return new, outcome
 
-    async def _summarize(
-        self, ex: Exchange, policy: LoopCompaction, plan: LoopPlan, state: LoopState | None
-    ) -> SummaryResult:
-        span = plan.compact_span
-        assert span is not None and plan.turn_start is not None
+    @staticmethod
+    def _values(ex: Exchange, plan: LoopPlan, state: LoopState | None) -> dict[str, str | int]:
+        """The scene's values but the transcript."""
+        assert plan.turn_start is not None
         messages = ex.messages
         session = ex.tenant.compaction.session
         goal = head_tail(
             content_text(messages[plan.turn_start].get("content")), session.max_item_chars
         )
-        # Instructions in the span stay in the view (loop_view): not summarised.
-        folded = [m for m in messages[span[0] : span[1]] if not is_pinned(m)]
-        return await self.summarizer.summarize(
+        return {
+            "existing_summary": state.summary if state else "",
+            "goal": goal,
+            "max_summary_chars": prompt_chars(session.max_summary_chars),
+            "language": detect_language(messages[: plan.turn_start + 1]),
+        }
+
+    def _limits(
+        self, ex: Exchange, policy: LoopCompaction, plan: LoopPlan, state: LoopState | None
+    ) -> CallLimits:
+        """The summarizer's limits for this call; a message weighs what it takes in the
+        transcript (instructions: nothing, they are not summarised)."""
+        session = ex.tenant.compaction.session
+        messages = ex.messages
+        weights: dict[int, int] = {}
+
+        def item_tokens(i: int) -> int:
+            if i not in weights:
+                m = messages[i]
+                text = "" if is_pinned(m) else render_transcript([m], session.max_item_chars)
+                weights[i] = ex.measure.text(text) + ITEM_SEPARATOR_TOKENS if text else 0
+            return weights[i]
+
+        return call_limits(
             ex.tenant,
             self.scenes[ex.tenant.name].get(policy.scene),
-            {
-                "transcript": render_transcript(folded, session.max_item_chars),
-                "existing_summary": state.summary if state else "",
-                "goal": goal,
-                "max_summary_chars": prompt_chars(session.max_summary_chars),
-                "language": detect_language(messages[: plan.turn_start + 1]),
-            },
-            model=ex.model,
-            authorization=ex.headers.get("authorization"),
+            self._values(ex, plan, state),
             max_chars=session.max_summary_chars,
-            replaced=[
-                *([{"role": "assistant", "content": state.summary}] if state else []),
-                *folded,
-                Seen(goal),  # shown to the summarizer, not replaced: the goal stays raw
-            ],
+            count_text=ex.measure.text,
+            item_tokens=item_tokens,
+        )
+
+    async def _summarize(
+        self, ex: Exchange, policy: LoopCompaction, plan: LoopPlan, state: LoopState | None
+    ) -> SummaryResult:
+        span = plan.compact_span
+        assert span is not None and plan.turn_start is not None
+        session = ex.tenant.compaction.session
+        # Instructions in the span stay in the view (loop_view): not summarised.
+        folded = [m for m in ex.messages[span[0] : span[1]] if not is_pinned(m)]
+        limits = self._limits(ex, policy, plan, state)
+        values = self._values(ex, plan, state)
+        room = limits.budget.first
+        if room < MIN_TRANSCRIPT_TOKENS:
+            # The scene and the working summary alone fill summarizer.context_window.
+            raise SummarizerFailed("summarizer context_window too small")
+        return await ex.waiting(
+            self.summarizer.summarize(
+                ex.tenant,
+                self.scenes[ex.tenant.name].get(policy.scene),
+                {
+                    # The rounds fit `room`; a single round too large for it is cut to fit.
+                    "transcript": render_within(
+                        folded, session.max_item_chars, room, ex.measure.text
+                    ),
+                    **values,
+                },
+                model=ex.model,
+                authorization=ex.headers.get("authorization"),
+                max_chars=session.max_summary_chars,
+                replaced=[
+                    *([{"role": "assistant", "content": state.summary}] if state else []),
+                    *folded,
+                    Seen(str(values["goal"])),  # shown, not replaced: the goal stays raw
+                ],
+                max_tokens=limits.max_tokens,
+            )
         )
 
     async def _store(
@@ -287,6 +355,8 @@ class LoopStage:
             summarizer_tokens_out=result.output_tokens,
             restored_references=result.restored_references,
             calls=1,
+            length_retries=int(result.retried),
+            salvaged=int(result.salvaged),
         )
 
     @staticmethod
@@ -314,7 +384,7 @@ class LoopStage:
                 layer="loop",
                 reason=str(plan.trigger),
                 outcome="failed" if outcome.failure else "ok",
-                detail=outcome.failure or "",
+                detail=retry_detail(outcome.failure, outcome.length_retries, outcome.salvaged),
                 tokens_before=outcome.tokens_before or 0,
                 tokens_after=outcome.tokens_after or 0,
                 chars_before=chars[0],
@@ -327,5 +397,7 @@ class LoopStage:
                 "covered_rounds_before": plan.covered_rounds,
                 "covered_rounds": plan.compact_rounds[1] if plan.compact_rounds else None,
                 "tool_rounds": len(plan.rounds),
+                "length_retries": outcome.length_retries,
+                "salvaged": outcome.salvaged,
             },
         )

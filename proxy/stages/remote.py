@@ -26,13 +26,20 @@ from proxy.archive import message_json
 from proxy.config import Config, Tenant
 from proxy.errors import BadRequest, CompactionFailed, Conflict
 from proxy.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
+from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
+from proxy.planning.outcome import retry_detail
 from proxy.planning.reference import BadReference, Reference, issue, verify
 from proxy.planning.remote import Usage, compaction_item, is_compaction, summary_item
-from proxy.planning.transcript import detect_language, render_transcript
+from proxy.planning.transcript import detect_language, render_transcript, render_within
 from proxy.scenes import SceneSet
 from proxy.stages.audit import audit
-from proxy.stages.summarize import Summarizer, SummarizerFailed
+from proxy.stages.summarize import (
+    MIN_TRANSCRIPT_TOKENS,
+    Summarizer,
+    SummarizerFailed,
+    call_limits,
+)
 from proxy.store.base import CompactionRecord, ConversationRef, NewSummary, Store
 from proxy.tokens import TokenCounter
 
@@ -163,22 +170,52 @@ class RemoteCompactor:
             begin = prior.covered if prior is not None else 0
             scene = self.scenes[tenant.name].get(policy.scene)
             language = detect_language(body)
-            tokens_in = tokens_out = 0
+            tokens_in = tokens_out = retries = salvaged = 0
             used = model or ""
-            for a, b in _batches(body, begin, policy.max_batch_messages, self._budget(model)):
+
+            def count(text: str) -> int:
+                return self.counter.count_text(text, model)
+
+            weights: dict[int, int] = {}
+
+            def weight(i: int) -> int:
+                if i not in weights:
+                    m = body[i]
+                    text = "" if is_pinned(m) else render_transcript([m], policy.max_item_chars)
+                    weights[i] = count(text) + ITEM_SEPARATOR_TOKENS if text else 0
+                return weights[i]
+
+            values: dict[str, str | int] = {
+                "existing_summary": summary,
+                "current_message": "",
+                "max_summary_chars": prompt_chars(policy.max_summary_chars),
+                "language": language,
+            }
+            # Every call fits summarizer.context_window, as the session stage's do.
+            limits = call_limits(
+                tenant,
+                scene,
+                values,
+                max_chars=policy.max_summary_chars,
+                count_text=count,
+                item_tokens=weight,
+            )
+            batches = _batches(body, begin, policy.max_batch_messages, limits.budget)
+            for k, (a, b) in enumerate(batches):
                 span = [m for m in body[a:b] if not is_pinned(m)]
                 if not span:
                     continue
+                room = limits.budget.limit(k)
                 try:
+                    if room < MIN_TRANSCRIPT_TOKENS:
+                        raise SummarizerFailed("summarizer context_window too small")
                     result = await self.summarizer.summarize(
                         tenant,
                         scene,
                         {
-                            "transcript": render_transcript(span, policy.max_item_chars),
+                            "transcript": render_within(span, policy.max_item_chars, room, count),
+                            **values,
                             "existing_summary": summary,
-                            "current_message": "",
-                            "max_summary_chars": prompt_chars(policy.max_summary_chars),
-                            "language": language,
                         },
                         model=model,
                         authorization=authorization,
@@ -186,12 +223,14 @@ class RemoteCompactor:
                         replaced=[{"role": "assistant", "content": summary}, *span]
                         if summary
                         else span,
+                        max_tokens=limits.max_tokens,
                     )
                 except SummarizerFailed as exc:
-                    await self._audit(
-                        conv, "failed", exc.reason, before, body, summary, used, start
-                    )
+                    detail = retry_detail(exc.reason, int(exc.retried), 0)
+                    await self._audit(conv, "failed", detail, before, body, summary, used, start)
                     raise CompactionFailed(f"Compaction failed: {exc.reason}.") from None
+                retries += result.retried
+                salvaged += result.salvaged
                 summary = result.text
                 tokens_in += result.input_tokens
                 tokens_out += result.output_tokens
@@ -208,8 +247,9 @@ class RemoteCompactor:
                     reason="remote",
                 ),
             )
+            detail = retry_detail(None, retries, salvaged)
             await self._audit(
-                conv, "ok", "", before, body, summary, used, start, version.version, request_id
+                conv, "ok", detail, before, body, summary, used, start, version.version, request_id
             )
             log.info(
                 "remote compaction: %d messages into summary version %d",
@@ -220,10 +260,6 @@ class RemoteCompactor:
             return self._answer(
                 secret, tenant, conv, version.version, chain[-1], summary, before, False
             )
-
-    def _budget(self, model: str | None) -> int:
-        # Characters of history per summarizer call: about half the model's window.
-        return self.config.context_window(model) * 2
 
     def _answer(
         self,
@@ -274,17 +310,18 @@ class RemoteCompactor:
 
 
 def _batches(
-    body: Sequence[Message], begin: int, max_items: int, max_chars: int
+    body: Sequence[Message], begin: int, max_items: int, budget: TranscriptBudget
 ) -> list[tuple[int, int]]:
-    """[begin, len(body)) in spans of at most `max_items` items and about `max_chars`
-    characters of JSON (an item larger than that goes alone)."""
+    """[begin, len(body)) in spans of at most `max_items` items whose transcript fits the
+    budget of their call (an item larger than that goes alone, rendered shortened)."""
     spans: list[tuple[int, int]] = []
     a = begin
     while a < len(body):
         b, size = a, 0
+        limit = budget.limit(len(spans))
         while b < len(body) and b - a < max(max_items, 1):
-            size += len(message_json(body[b]))
-            if b > a and size > max_chars:
+            size += budget.tokens(b)
+            if b > a and size > limit:
                 break
             b += 1
         spans.append((a, b))

@@ -27,14 +27,29 @@ from proxy.config import SessionCompaction, Tenant
 from proxy.identity import is_derived
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
+from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
-from proxy.planning.outcome import CompactionOutcome, log_started
+from proxy.planning.outcome import CompactionOutcome, log_started, retry_detail
 from proxy.planning.session import AppliedSummary, SessionPlan, plan_session, session_view
-from proxy.planning.transcript import content_text, detect_language, head_tail, render_transcript
+from proxy.planning.transcript import (
+    content_text,
+    detect_language,
+    head_tail,
+    render_transcript,
+    render_within,
+)
 from proxy.scenes import SceneSet
 from proxy.stages.audit import audit
-from proxy.stages.summarize import Breaker, Summarizer, SummarizerFailed, SummaryResult
+from proxy.stages.summarize import (
+    MIN_TRANSCRIPT_TOKENS,
+    Breaker,
+    CallLimits,
+    Summarizer,
+    SummarizerFailed,
+    SummaryResult,
+    call_limits,
+)
 from proxy.store.base import CompactionRecord, NewSummary, Store, SummaryVersion
 from proxy.tokens import TokenCounter
 
@@ -123,6 +138,9 @@ class SessionStage:
         body: list[Message],
         applied: AppliedSummary | None,
     ) -> SessionPlan:
+        def budget() -> TranscriptBudget:
+            return self._limits(ex, policy, body, applied.summary if applied else "").budget
+
         return plan_session(
             pinned,
             body,
@@ -132,6 +150,48 @@ class SessionStage:
             ex.measure.tokens,
             ex.measure.text,
             force=ex.control == "force",
+            budget=budget,
+        )
+
+    def _values(
+        self, ex: Exchange, policy: SessionCompaction, body: list[Message], summary: str
+    ) -> dict[str, str | int]:
+        """The scene's values but the transcript."""
+        # On a derived key other users share this summary: the current message is only
+        # this user's, so it is no summarizer input there (it stays raw, as always).
+        current = (
+            ""
+            if is_derived(ex.conversation)
+            else head_tail(content_text(body[-1].get("content")), policy.max_item_chars)
+        )
+        return {
+            "existing_summary": summary,
+            "current_message": current,
+            "max_summary_chars": prompt_chars(policy.max_summary_chars),
+            "language": detect_language(body),
+        }
+
+    def _limits(
+        self, ex: Exchange, policy: SessionCompaction, body: list[Message], summary: str
+    ) -> CallLimits:
+        """The summarizer's limits for this compaction; a message weighs what it takes in
+        the transcript (instructions: nothing, they are not summarised)."""
+        weights: dict[int, int] = {}
+
+        def item_tokens(i: int) -> int:
+            if i not in weights:
+                m = body[i]
+                text = "" if is_pinned(m) else render_transcript([m], policy.max_item_chars)
+                weights[i] = ex.measure.text(text) + ITEM_SEPARATOR_TOKENS if text else 0
+            return weights[i]
+
+        return call_limits(
+            ex.tenant,
+            self.scenes[ex.tenant.name].get(policy.scene),
+            self._values(ex, policy, body, summary),
+            max_chars=policy.max_summary_chars,
+            count_text=ex.measure.text,
+            item_tokens=item_tokens,
         )
 
     async def _maybe_compact(
@@ -195,41 +255,41 @@ class SessionStage:
         run = _Run(plan.applied, ex.model or "")
         scene = self.scenes[ex.tenant.name].get(policy.scene)
         summary = plan.applied.summary if plan.applied else ""
-        # On a derived key other users share this summary: the current message is only
-        # this user's, so it is no summarizer input there (it stays raw, as always).
-        current = (
-            ""
-            if is_derived(ex.conversation)
-            else head_tail(content_text(body[-1].get("content")), policy.max_item_chars)
-        )
-        language = detect_language(body)
-        for a, b in plan.batches:
+        limits = self._limits(ex, policy, body, summary)
+        for k, (a, b) in enumerate(plan.batches):
             # Instructions stay in the view (session_view): they are not summarised.
             span = [m for m in body[a:b] if not is_pinned(m)]
+            room = limits.budget.limit(k)
+            if room < MIN_TRANSCRIPT_TOKENS:
+                # The scene and the summary alone fill summarizer.context_window.
+                run.failure = "summarizer context_window too small"
+                break
+            # Batches fit `room`; one round too large for any batch is cut to fit.
+            transcript = render_within(span, policy.max_item_chars, room, ex.measure.text)
+            values = self._values(ex, policy, body, summary)
+            current = str(values["current_message"])
             try:
-                result = await self.summarizer.summarize(
-                    ex.tenant,
-                    scene,
-                    {
-                        "transcript": render_transcript(span, policy.max_item_chars),
-                        "existing_summary": summary,
-                        "current_message": current,
-                        "max_summary_chars": prompt_chars(policy.max_summary_chars),
-                        "language": language,
-                    },
-                    model=ex.model,
-                    authorization=ex.headers.get("authorization"),
-                    max_chars=policy.max_summary_chars,
-                    # The previous summary too: what the merge dropped from it is restored.
-                    # The current message is input the summary does not replace (Seen).
-                    replaced=[
-                        *([{"role": "assistant", "content": summary}] if summary else []),
-                        *span,
-                        *([Seen(current)] if current else []),
-                    ],
+                result = await ex.waiting(
+                    self.summarizer.summarize(
+                        ex.tenant,
+                        scene,
+                        {"transcript": transcript, **values},
+                        model=ex.model,
+                        authorization=ex.headers.get("authorization"),
+                        max_chars=policy.max_summary_chars,
+                        # The previous summary too: what the merge dropped from it is restored.
+                        # The current message is input the summary does not replace (Seen).
+                        replaced=[
+                            *([{"role": "assistant", "content": summary}] if summary else []),
+                            *span,
+                            *([Seen(current)] if current else []),
+                        ],
+                        max_tokens=limits.max_tokens,
+                    )
                 )
             except SummarizerFailed as exc:
                 run.failure = exc.reason
+                run.retries += exc.retried
                 break
             summary = result.text
             run.add(result)
@@ -269,6 +329,8 @@ class SessionStage:
             summarizer_tokens_out=run.tokens_out,
             restored_references=run.restored,
             calls=len(plan.batches),
+            length_retries=run.retries,
+            salvaged=run.salvaged,
         )
 
     async def _audit(
@@ -291,7 +353,7 @@ class SessionStage:
                 layer="manual" if ex.control == "force" else "session",
                 reason=_reason(ex, plan),
                 outcome="failed" if run.failure else "ok",
-                detail=run.failure,
+                detail=retry_detail(run.failure, run.retries, run.salvaged),
                 tokens_before=plan.tokens_before,
                 tokens_after=outcome.tokens_after or plan.tokens_before,
                 chars_before=chars_before,
@@ -307,6 +369,8 @@ class SessionStage:
                 "batches": len(plan.batches),
                 "summarizer_input_tokens": run.tokens_in,
                 "summarizer_output_tokens": run.tokens_out,
+                "length_retries": run.retries,
+                "salvaged": run.salvaged,
             },
         )
 
@@ -330,11 +394,15 @@ class _Run:
     tokens_in: int = 0
     tokens_out: int = 0
     restored: int = 0
+    retries: int = 0
+    salvaged: int = 0
 
     def add(self, result: SummaryResult) -> None:
         self.tokens_in += result.input_tokens
         self.tokens_out += result.output_tokens
         self.restored += result.restored_references
+        self.retries += result.retried
+        self.salvaged += result.salvaged
         self.model = result.model
 
 

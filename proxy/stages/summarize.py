@@ -6,11 +6,19 @@ the rendered values; this module sends them to the tenant's upstream (or its
 returns a `SummaryResult` or raises `SummarizerFailed` with a short reason
 (never the text). The `Breaker` keeps a conversation whose summaries keep failing
 from paying for a failing call on every turn.
+
+A summary cut by its token limit (`finish_reason: length`: typically a small model
+copying tool output into it) is asked for once more, with the scene's `length_retry`
+text after the prompt and half the character target. If that one is cut too, its
+complete sections stand in for it when they make a valid summary (else the first
+answer's); only then does the call fail. Both tries count in the result
+(`retried`, `salvaged`) and in the failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,9 +29,11 @@ import httpx
 from proxy.config import Tenant
 from proxy.errors import RecapError
 from proxy.messages import json_bytes
-from proxy.planning.framing import check_summary, extract_summary
+from proxy.planning.budget import TranscriptBudget, summary_max_tokens, summary_tokens
+from proxy.planning.budget import transcript_budget as make_budget
+from proxy.planning.framing import check_summary, complete_sections, extract_summary
 from proxy.planning.guard import guard_summary
-from proxy.scenes import Scene, render
+from proxy.scenes import Scene, render_values
 from proxy.store.base import ConversationRef
 from proxy.upstream import UpstreamPool, mapped_errors, upstream_url
 
@@ -32,11 +42,13 @@ PURPOSE_HEADER = "x-recap-purpose"
 
 
 class SummarizerFailed(Exception):
-    """The summary could not be made; `reason` is short and safe to log."""
+    """The summary could not be made; `reason` is short and safe to log. `retried`: a
+    second, shorter try was made after the first was cut by its token limit."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, retried: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.retried = retried
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,22 @@ class SummaryResult:
     duration_ms: int
     # References the quality guard put back that the model's summary had lost.
     restored_references: int = 0
+    # The first answer was cut by its token limit and a second, shorter one was asked for.
+    retried: bool = False
+    # Both were cut: this summary is the complete sections of one of them.
+    salvaged: bool = False
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One summarizer call's answer, before it is judged."""
+
+    text: str
+    finish: str | None
+    input_tokens: int
+    output_tokens: int
+    model: str
+    duration_ms: int
 
 
 class Summarizer:
@@ -68,21 +96,78 @@ class Summarizer:
         authorization: str | None,
         max_chars: int,
         replaced: Sequence[Any] = (),
+        max_tokens: int | None = None,
     ) -> SummaryResult:
-        """One summarizer call; `replaced` are the messages the summary stands for (guarded)."""
-        system, user = render(scene, **values)
+        """One summary (one call, two after a length cut); `replaced` are the messages the
+        summary stands for (guarded); `max_tokens` overrides the scene's."""
         chosen = scene.model or model
         if not chosen:
             raise SummarizerFailed("no model for the summarizer call")
+        limit = max_tokens if max_tokens is not None else scene.max_tokens
+
+        async def ask(retry: bool, asked: Mapping[str, str | int]) -> _Answer:
+            return await self._call(tenant, scene, asked, chosen, authorization, limit, retry)
+
+        first = await ask(False, values)
+        answer, problem = first, check_summary(first.text, first.finish, max_chars)
+        retried = salvaged = False
+        if problem is not None and first.finish == "length":
+            retried = True
+            shorter = dict(values)
+            if "max_summary_chars" in shorter:
+                shorter["max_summary_chars"] = max(1, int(shorter["max_summary_chars"]) // 2)
+            try:
+                second = await ask(True, shorter)
+            except SummarizerFailed as exc:
+                raise SummarizerFailed(exc.reason, retried=True) from None
+            answer = _merged(first, second)
+            problem = check_summary(second.text, second.finish, max_chars)
+            if problem is not None and second.finish == "length":
+                for cut in (second, first):
+                    kept = complete_sections(cut.text)
+                    if check_summary(kept, "stop", max_chars) is None:
+                        answer = dataclasses.replace(answer, text=kept)
+                        problem, salvaged = None, True
+                        break
+        if problem is not None:
+            raise SummarizerFailed(problem, retried=retried)
+        text, restored = answer.text, 0
+        if tenant.summarizer.quality_guard and replaced:
+            guarded = guard_summary(text, replaced, max_chars, tenant.summarizer.guard_max_share)
+            text, restored = guarded.summary, guarded.restored
+        return SummaryResult(
+            text=text,
+            restored_references=restored,
+            input_tokens=answer.input_tokens,
+            output_tokens=answer.output_tokens,
+            model=answer.model,
+            duration_ms=answer.duration_ms,
+            retried=retried,
+            salvaged=salvaged,
+        )
+
+    async def _call(
+        self,
+        tenant: Tenant,
+        scene: Scene,
+        values: Mapping[str, str | int],
+        chosen: str,
+        authorization: str | None,
+        max_tokens: int | None,
+        length_retry: bool,
+    ) -> _Answer:
+        system, user = render_values(scene, values, length_retry=length_retry)
         body: dict[str, object] = {
             "model": chosen,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "stream": False,
         }
-        for key in ("temperature", "top_p", "max_tokens"):
+        for key in ("temperature", "top_p"):
             value = getattr(scene, key)
             if value is not None:
                 body[key] = value
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         upstream = tenant.summarizer.upstream or tenant.upstream
         headers = {"content-type": "application/json", PURPOSE_HEADER: "summarize"}
         if upstream.api_key:
@@ -119,24 +204,68 @@ class Summarizer:
             raw_text = choice["message"].get("content")
             finish = choice.get("finish_reason")
             usage = data.get("usage") or {}
+            input_tokens = int(usage.get("prompt_tokens") or 0)
+            output_tokens = int(usage.get("completion_tokens") or 0)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise SummarizerFailed("malformed upstream response") from None
-        text = extract_summary(raw_text if isinstance(raw_text, str) else None)
-        problem = check_summary(text, finish, max_chars)
-        if problem is not None:
-            raise SummarizerFailed(problem)
-        restored = 0
-        if tenant.summarizer.quality_guard and replaced:
-            guarded = guard_summary(text, replaced, max_chars, tenant.summarizer.guard_max_share)
-            text, restored = guarded.summary, guarded.restored
-        return SummaryResult(
-            text=text,
-            restored_references=restored,
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
+        return _Answer(
+            text=extract_summary(raw_text if isinstance(raw_text, str) else None),
+            finish=finish if isinstance(finish, str) else None,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
             model=str(data.get("model") or chosen),
             duration_ms=duration_ms,
         )
+
+
+def _merged(first: _Answer, second: _Answer) -> _Answer:
+    """The second answer, with both calls' tokens and time."""
+    return dataclasses.replace(
+        second,
+        input_tokens=first.input_tokens + second.input_tokens,
+        output_tokens=first.output_tokens + second.output_tokens,
+        duration_ms=first.duration_ms + second.duration_ms,
+    )
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """What one compaction's summarizer calls may take: `max_tokens` each, and the
+    transcript budget under the summarizer's context window."""
+
+    max_tokens: int
+    budget: TranscriptBudget
+
+
+# Below this many tokens of room a transcript says too little to be worth a call.
+MIN_TRANSCRIPT_TOKENS = 256
+
+
+def call_limits(
+    tenant: Tenant,
+    scene: Scene,
+    values: Mapping[str, str | int],
+    *,
+    max_chars: int,
+    count_text: Callable[[str], int],
+    item_tokens: Callable[[int], int],
+) -> CallLimits:
+    """The limits of calls rendering `scene` with `values` (their transcript and summary
+    left out: the budget is what remains for them); `item_tokens` weighs a message."""
+    language = str(values.get("language") or "")
+    window = tenant.summarizer.context_window
+    max_tokens = summary_max_tokens(max_chars, language, scene.max_tokens, window)
+    summary = str(values.get("existing_summary") or "")
+    system, user = render_values(scene, {**values, "transcript": "", "existing_summary": ""})
+    budget = make_budget(
+        window,
+        max_tokens,
+        count_text(system) + count_text(user),
+        count_text(summary) if summary else 0,
+        summary_tokens(max_chars, language),
+        item_tokens,
+    )
+    return CallLimits(max_tokens, budget)
 
 
 class Breaker:

@@ -144,6 +144,19 @@ class ExchangeRecord:
     messages: Sequence[tuple[str, str]]
     events: Sequence[tuple[EventType, Mapping[str, Any]]]
     params: Sequence[tuple[str, str]] = ()
+    # When it happened (epoch seconds), for a record stored later than that (journaled,
+    # proxy/journal.py); None: when it is stored.
+    at: float | None = None
+
+
+@dataclass(frozen=True)
+class JournalMark:
+    """How far one process's archive journal (proxy/journal.py) is in the store: every
+    record of its segments before `segment`, and the first `position` records of it."""
+
+    owner: str
+    segment: int
+    position: int
 
 
 @dataclass(frozen=True)
@@ -318,10 +331,21 @@ class Store(abc.ABC):
         """Store (fingerprint, message JSON) pairs not seen before; return how many were new."""
 
     @abc.abstractmethod
-    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
+    async def record_exchanges(
+        self, items: Sequence[ExchangeRecord], mark: JournalMark | None = None
+    ) -> None:
         """In one transaction, for each item: archive its messages and request parameters
         (insert-or-ignore) and append its events. Many requests' records are written
-        together."""
+        together. `mark`: how far the journal these records came from is stored now,
+        kept in the same transaction."""
+
+    @abc.abstractmethod
+    async def journal_mark(self, owner: str) -> JournalMark | None:
+        """The mark last stored for this journal owner, if any."""
+
+    @abc.abstractmethod
+    async def forget_journal(self, owner: str) -> None:
+        """Drop an owner's mark: its journal is gone (replayed, or closed empty)."""
 
     @abc.abstractmethod
     async def archived_params(

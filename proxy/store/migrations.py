@@ -179,6 +179,17 @@ MIGRATIONS: tuple[Migration, ...] = (
         "per-deployment values",
         ("CREATE TABLE deployment (name TEXT NOT NULL PRIMARY KEY, value TEXT NOT NULL)",),
     ),
+    # How far each process's archive journal is in the store (proxy/journal.py), written
+    # in the transaction of the records it counts: a journal replayed after a crash
+    # stores each record exactly once.
+    Migration(
+        5,
+        "archive journal marks",
+        (
+            "CREATE TABLE journal_marks (owner TEXT NOT NULL PRIMARY KEY,"
+            " segment INTEGER NOT NULL, position INTEGER NOT NULL)",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -160,6 +160,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             " value TEXT NOT NULL)",
         ),
     ),
+    # As SQLite's migration 5: how far each process's archive journal is in the store.
+    Migration(
+        5,
+        "archive journal marks",
+        (
+            'CREATE TABLE journal_marks (owner TEXT COLLATE "C" NOT NULL PRIMARY KEY,'
+            " segment BIGINT NOT NULL, position BIGINT NOT NULL)",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

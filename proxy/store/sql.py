@@ -36,6 +36,7 @@ from proxy.store.base import (
     Event,
     EventType,
     ExchangeRecord,
+    JournalMark,
     ListPosition,
     LoopSummary,
     NewSummary,
@@ -345,8 +346,10 @@ class SqlStore(Store):
 
         return await self._transact(body)
 
-    async def record_exchanges(self, items: Sequence[ExchangeRecord]) -> None:
-        if not items:
+    async def record_exchanges(
+        self, items: Sequence[ExchangeRecord], mark: JournalMark | None = None
+    ) -> None:
+        if not items and mark is None:
             return
         now = self._clock()
         # Conversation rows are locked in key order, the same in every replica, so two
@@ -360,22 +363,42 @@ class SqlStore(Store):
                 await storable_rows(unique(item.messages)),
                 await storable_rows(unique(item.params)),
                 [(t, payload_json(p)) for t, p in item.events],
+                item.at if item.at is not None else now,
             )
             for item in ordered
         ]
 
         async def body(tx: Tx) -> None:
-            for conv, messages, params, events in prepared:
-                await touch(tx, conv, now)
-                await add_archived(tx, "messages", conv, messages, now)
-                await add_archived(tx, "request_params", conv, params, now)
+            for conv, messages, params, events, at in prepared:
+                await touch(tx, conv, at)
+                await add_archived(tx, "messages", conv, messages, at)
+                await add_archived(tx, "request_params", conv, params, at)
                 if events:
                     await tx.insert_rows(
                         "events",
-                        {"tenant": conv.tenant, "key": conv.key, "created_at": now},
+                        {"tenant": conv.tenant, "key": conv.key, "created_at": at},
                         ("type", "payload"),
                         events,
                     )
+            if mark is not None:
+                await tx.execute(
+                    "INSERT INTO journal_marks (owner, segment, position) VALUES (?, ?, ?)"
+                    " ON CONFLICT (owner) DO UPDATE"
+                    " SET segment = excluded.segment, position = excluded.position",
+                    (mark.owner, mark.segment, mark.position),
+                )
+
+        await self._transact(body)
+
+    async def journal_mark(self, owner: str) -> JournalMark | None:
+        row = await self._fetch_one(
+            "SELECT segment, position FROM journal_marks WHERE owner = ?", (owner,)
+        )
+        return None if row is None else JournalMark(owner, int(row[0]), int(row[1]))
+
+    async def forget_journal(self, owner: str) -> None:
+        async def body(tx: Tx) -> None:
+            await tx.execute("DELETE FROM journal_marks WHERE owner = ?", (owner,))
 
         await self._transact(body)
 
@@ -521,10 +544,13 @@ class SqlStore(Store):
 
 async def touch(tx: Tx, conv: ConversationRef, now: float) -> None:
     """Create the conversation on first write; every write counts as activity (prune,
-    lists). On PostgreSQL this also takes the conversation row's lock until commit."""
+    lists), a record stored late (journaled, `ExchangeRecord.at`) never moving it back.
+    On PostgreSQL this also takes the conversation row's lock until commit."""
     await tx.execute(
         "INSERT INTO conversations (tenant, key, created_at, updated_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at",
+        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = CASE"
+        " WHEN excluded.updated_at > conversations.updated_at THEN excluded.updated_at"
+        " ELSE conversations.updated_at END",
         (conv.tenant, conv.key, now, now),
     )
 

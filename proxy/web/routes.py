@@ -132,6 +132,7 @@ def _endpoint(sessions: Sessions, handler: Handler) -> Callable[[Request], Await
             log_fields(request.scope),  # type: ignore[arg-type]  # the ASGI scope
         )
         error: RecapError
+        await visit.state.archiver.flush()  # every answered request is shown
         try:
             return await handler(visit)
         except Unauthorized as err:

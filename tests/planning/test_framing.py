@@ -231,3 +231,19 @@ def _fold_reference(text: str) -> str:
 def test_fold_fast_paths_equal_folding_each_character(text: str) -> None:
     """ASCII and CJK runs are folded whole; the result must be the per-character fold."""
     assert _fold(text) == _fold_reference(text)
+
+
+def test_complete_sections_drops_the_section_the_cut_fell_in() -> None:
+    from proxy.planning.framing import complete_sections
+
+    cut = "## User Goal\nChange R1.\n\n## Confirmed Facts\nGold member.\n## Decisions Made\nReb"
+    assert complete_sections(cut) == "## User Goal\nChange R1.\n\n## Confirmed Facts\nGold member."
+    # Even when the cut fell at its very end: the last section may have lost anything.
+    assert complete_sections("## A\nx\n## B\ny") == "## A\nx"
+    # Nothing complete: nothing to salvage.
+    assert complete_sections("## User Goal\nChange a fl") == ""
+    assert complete_sections("no headings at all") == ""
+    # A "#" inside a line is no heading.
+    assert (
+        complete_sections("## A\nissue #12 and C# code\n## B\nz") == "## A\nissue #12 and C# code"
+    )

@@ -189,3 +189,31 @@ def test_late_legacy_and_text_messages_between_rounds_stay_raw() -> None:
     assert view[2] == {"role": "assistant", "content": "note 6"}  # after round 6, raw
     assert view[-2:] == conversation[-2:]
     assert_valid(view)
+
+
+def test_rounds_folded_at_once_fit_a_transcript_budget() -> None:
+    from proxy.planning.budget import TranscriptBudget
+
+    messages = tool_loop(rounds=12, lines=6)
+    weights = [count(m) for m in messages]
+    rounds = [r for r in tool_rounds(messages) if r.start > turn_starts(messages)[-1]]
+    plain = plan_loop(messages, None, POLICY, count)
+    assert plain.compact_rounds == (0, 7)  # 12 rounds, 5 kept raw
+    # Room for the first three rounds: the other four wait for the next step.
+    first = plain.boundary(0)
+    limit = sum(weights[first : rounds[2].end])
+
+    def budget() -> TranscriptBudget:
+        return TranscriptBudget(first=limit, later=0, tokens=lambda i: weights[i])
+
+    plan = plan_loop(messages, None, POLICY, count, None, budget)
+    assert plan.compact_rounds == (0, 3)
+    # The next step folds from there: progress on every step.
+    state = LoopState("s", 3)
+    later = plan_loop([*messages, *tool_loop(rounds=1)[-2:]], state, POLICY, count, None, budget)
+    assert later.compact_rounds is not None and later.compact_rounds[0] == 3
+    # One round larger than the budget is still folded (the caller renders it shortened).
+    tiny = plan_loop(
+        messages, None, POLICY, count, None, lambda: TranscriptBudget(1, 0, budget().tokens)
+    )
+    assert tiny.compact_rounds == (0, 1)

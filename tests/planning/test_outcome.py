@@ -10,15 +10,22 @@ from typing import Any
 
 from proxy.planning.outcome import CompactionOutcome, in_words, layers, log_fields
 from tests.conftest import LogCapture
-from tests.faults import SummarizerFake, history, post, summaries_in
+from tests.faults import SummarizerFake, history, post, summaries_in, wait_until
 
 
-def archived_layers(tmp_path: Path, key: str) -> list[list[str]]:
-    with sqlite3.connect(tmp_path / "recap.db") as db:
-        rows = db.execute(
-            "SELECT payload FROM events WHERE key = ? AND type = 'request' ORDER BY id", (key,)
-        ).fetchall()
-    return [json.loads(p)["layers"] for (p,) in rows]
+def archived_layers(tmp_path: Path, key: str, requests: int) -> list[list[str]]:
+    """The `layers` of the conversation's archived requests, once `requests` of them are
+    stored (the server stores journaled records in batches, within 0.25 s)."""
+
+    def read() -> list[list[str]]:
+        with sqlite3.connect(tmp_path / "recap.db") as db:
+            rows = db.execute(
+                "SELECT payload FROM events WHERE key = ? AND type = 'request' ORDER BY id", (key,)
+            ).fetchall()
+        return [json.loads(p)["layers"] for (p,) in rows]
+
+    assert wait_until(lambda: len(read()) >= requests, timeout=10)
+    return read()
 
 
 def test_force_folds_a_small_conversation(
@@ -74,7 +81,7 @@ def test_applying_a_stored_summary_is_reported_as_a_layer(
     assert len(fake.calls) == calls
     assert r.headers["x-recap-compaction"] == "session"
     assert r.headers["x-recap-summary-version"] == first.headers["x-recap-summary-version"]
-    assert archived_layers(tmp_path, "applied")[-1] == ["session"]
+    assert archived_layers(tmp_path, "applied", 2)[-1] == ["session"]
     line = logs.access(2)[-1]
     assert line["compactions"][0]["layer"] == "session"
     assert line["compactions"][0]["action"] == "applied"

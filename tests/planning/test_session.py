@@ -427,3 +427,64 @@ def test_session_view_without_summary_is_the_request() -> None:
     assert session_view(pinned, body, 0, None) == pinned + body
     summary = summary_message("x")
     assert session_view(pinned, body, 0, summary) == [*pinned, summary, *body]
+
+
+def test_batches_fit_a_transcript_budget_in_tokens() -> None:
+    from proxy.planning.budget import TranscriptBudget
+
+    conversation = long_session(seed=6, n_turns=40)
+    pinned, body = split_pinned(conversation)
+    weights = [count(m) for m in body]
+    policy = SessionCompaction(recent_turns=1, min_recent_ratio=0.0, max_rounds_per_request=100)
+    asked: list[int] = []
+
+    def budget() -> TranscriptBudget:
+        asked.append(1)
+        return TranscriptBudget(first=3000, later=2000, tokens=lambda i: weights[i])
+
+    plan = plan_session(pinned, body, None, policy, 96000, count, count_text, True, budget)
+    unbounded = plan_session(pinned, body, None, policy, 96000, count, count_text, force=True)
+    assert asked == [1]  # asked for once, when there were batches to cut
+    assert len(plan.batches) > len(unbounded.batches)
+    assert plan.new_covered == unbounded.new_covered  # the same history folded
+    for k, (a, b) in enumerate(plan.batches):
+        assert (
+            sum(weights[a:b]) <= (3000 if k == 0 else 2000)
+            or b - a == 1
+            or (
+                # a tool round too large for a batch goes whole
+                any((r.start, r.end) == (a, b) for r in tool_rounds(body))
+            )
+        )
+    assert all(e in valid_cut_points(body) for _, e in plan.batches)
+    # No budget asked for when nothing is compacted.
+    asked.clear()
+    quiet = plan_session(
+        pinned, body[:3], None, SessionCompaction(), 96000, count, count_text, budget=budget
+    )
+    assert not quiet.compacts and asked == []
+
+
+def test_a_token_budget_fills_a_batch_past_a_short_turn() -> None:
+    """Each call rewrites the whole summary: ending a batch at a short turn's end would
+    cost a call for a few tokens."""
+    from proxy.planning.budget import TranscriptBudget
+
+    conversation = tool_loop(rounds=12, lines=6)
+    conversation += [
+        {"role": "assistant", "content": "Build fixed."},
+        {"role": "user", "content": "Thanks, now deploy."},
+    ]
+    pinned, body = split_pinned(conversation)
+    loop_start = turn_starts(body)[-2]
+    weights = [count(m) for m in body]
+    limit = sum(weights[: loop_start + 8])  # the short turn and about four rounds
+    policy = SessionCompaction(recent_turns=1, min_recent_ratio=0.0, max_rounds_per_request=100)
+
+    def budget() -> TranscriptBudget:
+        return TranscriptBudget(first=limit, later=limit, tokens=lambda i: weights[i])
+
+    plan = plan_session(pinned, body, None, policy, 96000, count, count_text, True, budget)
+    first_end = plan.batches[0][1]
+    assert loop_start < first_end and first_end in valid_cut_points(body)
+    assert all(sum(weights[a:b]) <= limit for a, b in plan.batches)

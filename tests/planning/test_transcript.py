@@ -13,7 +13,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.planning.transcript import detect_language, head_tail, render_transcript
+from proxy.planning.transcript import (
+    detect_language,
+    head_tail,
+    render_transcript,
+    render_within,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "taubench-airline-dev.jsonl"
 RESULT = re.compile(r"^Tool result \[([^\]]*)\]: ", re.MULTILINE)
@@ -310,3 +315,23 @@ def test_taubench_sessions_are_english() -> None:
 )
 def test_detect_language(messages: list[Any], language: str) -> None:
     assert detect_language(messages) == language
+
+
+def test_render_within_cuts_the_largest_items_first_then_the_whole() -> None:
+    def count(text: str) -> int:
+        return len(text) // 4
+
+    big = {"role": "tool", "tool_call_id": "c", "content": "HEAD " + "x" * 40_000 + " TAIL"}
+    small = [{"role": "user", "content": f"question {i}"} for i in range(5)]
+    messages = [*small, big]
+    text = render_within(messages, 100_000, 2000, count)
+    assert count(text) <= 2000
+    # The small items are whole; the large one keeps its head and tail.
+    assert all(f"User: question {i}" in text for i in range(5))
+    assert "HEAD" in text and "TAIL" in text and "chars omitted]" in text
+    # What already fits is rendered as always.
+    assert render_within(small, 4000, 2000, count) == render_transcript(small, 4000)
+    # Many small items over the budget: the transcript keeps its head and tail.
+    many = [{"role": "user", "content": f"q{i} " + "y" * 150} for i in range(400)]
+    text = render_within(many, 4000, 1000, count)
+    assert count(text) <= 1000 and "q0 " in text and "q399 " in text
