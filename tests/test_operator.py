@@ -32,6 +32,9 @@ KEYS = {"a": "key-a", "b": "key-b"}
 WINDOW = 12000
 T = TypeVar("T")
 
+# Summary markers are words, not ids: the guard strikes ids the input never held.
+WORDS = ("ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE", "TEN")
+
 
 def auth(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
@@ -229,7 +232,7 @@ def test_manual_compaction_and_rollback_change_what_is_sent(
     made: list[str] = []
 
     def summarize(body: dict[str, Any]) -> Reply:
-        made.append(f"SUMMARY-{len(made) + 1}")
+        made.append(f"SUMMARY-{WORDS[len(made)]}")
         return Reply(content=f"<summary>\n## User Goal\n{made[-1]}\n</summary>")
 
     fake.summarize = summarize
@@ -245,12 +248,12 @@ def test_manual_compaction_and_rollback_change_what_is_sent(
     r = httpx.post(f"{base}/compact", headers=auth(key), timeout=60)
     assert r.status_code == 200, r.text
     v1 = r.json()
-    assert v1["version"] == 1 and v1["summary"].startswith("## User Goal\nSUMMARY-1")
+    assert v1["version"] == 1 and v1["summary"].startswith("## User Goal\nSUMMARY-ONE")
     assert v1["tokens_after"] < v1["tokens_before"]
     # The next request carries the new summary.
     r = chat(url, convo[: steps[half - 1]], "desk-1", key)
     assert r.headers["x-recap-summary-version"] == "1"
-    assert "SUMMARY-1" in fake.chat_requests()[-1].json["messages"][1]["content"]
+    assert "SUMMARY-ONE" in fake.chat_requests()[-1].json["messages"][1]["content"]
     # Applying the stored summary is the session layer's work: the view says so.
     wait_for(lambda: events_settled(url, "desk-1", key, half + 1))
     view = httpx.get(f"{base}/view", headers=auth(key)).json()
@@ -265,7 +268,7 @@ def test_manual_compaction_and_rollback_change_what_is_sent(
     v2 = httpx.post(f"{base}/compact", headers=auth(key), timeout=60).json()
     assert v2["version"] == 2 and v2["covered"] > v1["covered"]
     # Version 2 rolled its input from version 1 (a rolling summary).
-    assert "SUMMARY-1" in fake.chat_requests("summarize")[-1].json["messages"][1]["content"]
+    assert "SUMMARY-ONE" in fake.chat_requests("summarize")[-1].json["messages"][1]["content"]
 
     last = convo[: steps[-1]]
     r = httpx.post(f"{base}/rollback", headers=auth(key), json={"version": 1})
@@ -273,14 +276,14 @@ def test_manual_compaction_and_rollback_change_what_is_sent(
     assert (r.json()["from"], r.json()["to"], r.json()["summary"]["version"]) == (2, 1, 1)
     r = chat(url, last, "desk-1", key)
     assert r.headers["x-recap-summary-version"] == "1"
-    assert "SUMMARY-1" in fake.chat_requests()[-1].json["messages"][1]["content"]
+    assert "SUMMARY-ONE" in fake.chat_requests()[-1].json["messages"][1]["content"]
     # The next compaction starts from version 1 and the archived originals: the discarded
     # version 2 text is nowhere in its input.
     wait_for(lambda: events_settled(url, "desk-1", key, len(steps) + 2))
     v3 = httpx.post(f"{base}/compact", headers=auth(key), timeout=60).json()
     assert v3["version"] == 3  # numbers are never reused
     prompt = fake.chat_requests("summarize")[-1].json["messages"][1]["content"]
-    assert "SUMMARY-1" in prompt and "SUMMARY-2" not in prompt
+    assert "SUMMARY-ONE" in prompt and "SUMMARY-TWO" not in prompt
 
     r = httpx.post(f"{base}/rollback", headers=auth(key), json={"version": None})
     assert r.json()["to"] is None and r.json()["summary"] is None

@@ -24,6 +24,9 @@ from tests.test_operator import (
 )
 from tests.trajectories import chained, model_calls, sessions
 
+# Summary markers are words, not ids: the guard strikes ids the input never held.
+WORDS = ("ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE", "TEN")
+
 
 def test_a_rolled_back_version_never_comes_back(
     proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
@@ -46,7 +49,7 @@ def test_a_rolled_back_version_never_comes_back(
     made: list[str] = []
 
     def summarize(body: dict[str, Any]) -> Reply:
-        made.append(f"SUMMARY-{len(made) + 1}")
+        made.append(f"SUMMARY-{WORDS[len(made)]}")
         return Reply(content=f"<summary>\n## User Goal\n{made[-1]}\n</summary>")
 
     fake.summarize = summarize
@@ -86,18 +89,18 @@ def test_a_rolled_back_version_never_comes_back(
     v3 = compact()
     assert v3["version"] == 3
     prompt = fake.chat_requests("summarize")[-1].json["messages"][1]["content"]
-    assert "SUMMARY-2" not in prompt
+    assert "SUMMARY-TWO" not in prompt
 
     # The original history: version 3 does not match it, version 2 would, and was
     # discarded: version 1 applies.
     r = send(last)
     assert r.headers["x-recap-summary-version"] == "1"
     forwarded = str(fake.chat_requests()[-1].json["messages"])
-    assert "SUMMARY-1" in forwarded and "SUMMARY-2" not in forwarded
+    assert "SUMMARY-ONE" in forwarded and "SUMMARY-TWO" not in forwarded
     # A compaction of it now builds on version 1, never on version 2's text.
     assert compact()["version"] == 4
     prompt = fake.chat_requests("summarize")[-1].json["messages"][1]["content"]
-    assert "SUMMARY-1" in prompt and "SUMMARY-2" not in prompt
+    assert "SUMMARY-ONE" in prompt and "SUMMARY-TWO" not in prompt
 
     d = httpx.get(base, headers=auth(key)).json()
     assert [(v["version"], v["rolled_back"]) for v in d["versions"]] == [

@@ -149,10 +149,7 @@ def test_the_dockerfile_builds_from_what_the_wheel_needs() -> None:
     from files that exist, and needs no scenes beside its config."""
     text = (REPO / "Dockerfile").read_text(encoding="utf-8")
     sources = [
-        src
-        for line in text.splitlines()
-        if line.startswith("COPY ")
-        for src in line.split()[1:-1]
+        src for line in text.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]
     ]
     assert sources, "no COPY in the Dockerfile"
     assert [s for s in sources if not (REPO / s).exists()] == []
