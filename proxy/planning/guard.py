@@ -196,7 +196,9 @@ def user_constraints(messages: Sequence[Any]) -> list[str]:
                 found = [q for q in found if _is_constraint(q)] + _restored_constraints(text)
             else:
                 found += constraint_sentences(text)
-            out += [c.strip() for c in found if c.strip() and c.strip() not in out]
+            for c in found:
+                if c.strip() and c.strip() not in out:
+                    out.append(c.strip())
     return out
 
 

@@ -354,3 +354,13 @@ def test_phone_numbers_versions_and_code_names_are_references() -> None:
     refs = critical_references([user, tool])
     assert {"138-0013-8821", "v2.7.3", "test_invoice_rounding"} <= set(refs)
     assert "payment_method_id" not in refs  # a JSON key of a tool result is no reference
+
+
+def test_a_constraint_comes_back_once_when_a_merge_drops_it() -> None:
+    user = {"role": "user", "content": "No, I do not want travel insurance."}
+    first = guard_summary("## User Goal\nBook.", [user], 1200, 0.25).summary
+    # The next merge drops it; the previous summary holds it once, quoted and restored.
+    second = guard_summary(
+        "## User Goal\nBook.", [{"role": "assistant", "content": first}, user], 1200, 0.25
+    )
+    assert second.summary.count("No, I do not want travel insurance.") == 1
