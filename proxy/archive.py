@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import time
@@ -229,7 +228,9 @@ class Archiver:
         if self.journal is None or _weight(record) > JOURNAL_MAX_CHARS:
             return self._enqueue(record, urgent=urgent)
         # Stored later than it happens: it carries its own time.
-        record = dataclasses.replace(record, at=time.time())
+        record = ExchangeRecord(
+            record.conversation, record.messages, record.events, record.params, time.time()
+        )
         place = self._journaled(record)
         if place is None:
             return self._enqueue(record, urgent=urgent)

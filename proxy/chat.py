@@ -168,18 +168,24 @@ class ChatCompletions:
         # The request's archive record is queued once the body is on the wire, so making
         # it overlaps the upstream's work, and committed while the upstream answers; the
         # answer's final bytes wait for it (relay.FinalBytesGate).
-        begin = _Once(lambda: self._begin(state, exchange))
+        committed: Awaitable[bool] | None = None
         try:
-            try:
-                response = await self._send(state, scope, tenant, payload, out_headers, begin)
-            finally:
-                committed = begin()  # if the trace never came (the send failed): kept too
-            if exchange is not None and response.status_code in (400, 413):
+            sent, committed = await self._forward(
+                state, scope, tenant, payload, out_headers, exchange
+            )
+            if (
+                exchange is not None
+                and isinstance(sent, httpx.Response)
+                and sent.status_code in (400, 413)
+            ):
                 # A context-length error before any of the answer reached the client: plan
                 # again, harder, and send once more (proxy/overflow.py).
-                response, exchange, committed = await self._recover(
-                    state, scope, tenant, incoming, exchange, response, committed
+                sent, exchange, committed = await self._recover(
+                    state, scope, tenant, incoming, exchange, sent, committed
                 )
+            if isinstance(sent, RecapError):
+                raise sent
+            response = sent
         except RecapError as err:
             fields["error"] = err.code
             if committed is not None and exchange is not None:
@@ -241,6 +247,28 @@ class ChatCompletions:
         # every request to save bandwidth on a loopback or LAN hop.
         return payload, [(k, v) for k, v in headers if k != b"content-encoding"]
 
+    async def _forward(
+        self,
+        state: AppState,
+        scope: Scope,
+        tenant: Tenant,
+        payload: bytes,
+        headers: list[tuple[bytes, bytes]],
+        exchange: Exchange | None,
+    ) -> tuple[httpx.Response | RecapError, Awaitable[bool] | None]:
+        """Send, beginning the exchange's archive record once the body is on the wire; the
+        upstream's response (or why there is none) and the record's durability (None: no
+        record)."""
+        begin = _Once(lambda: self._begin(state, exchange))
+        try:
+            response: httpx.Response | RecapError = await self._send(
+                state, scope, tenant, payload, headers, begin
+            )
+        except RecapError as err:
+            response = err
+        # Begun now if the trace never came (the send failed): the record is kept too.
+        return response, begin()
+
     def _begin(self, state: AppState, exchange: Exchange | None) -> Awaitable[bool] | None:
         if exchange is None or exchange.archive_now is None:
             return None
@@ -288,7 +316,7 @@ class ChatCompletions:
         exchange: Exchange,
         response: httpx.Response,
         committed: Awaitable[bool] | None,
-    ) -> tuple[httpx.Response, Exchange, Awaitable[bool] | None]:
+    ) -> tuple[httpx.Response | RecapError, Exchange, Awaitable[bool] | None]:
         """The retry's response if the upstream overflowed, else this error (re-readable)."""
         body, rest = await read_error(response)
         overflow = None
@@ -325,12 +353,8 @@ class ChatCompletions:
             )
         retry = retry_exchange(exchange, window)
         payload, headers = await self._plan(state, scope, tenant, incoming, retry)
-        begin = _Once(lambda: self._begin(state, retry))
-        try:
-            response = await self._send(state, scope, tenant, payload, headers, begin)
-        finally:
-            committed = begin()
-        return response, retry, committed
+        sent, committed = await self._forward(state, scope, tenant, payload, headers, retry)
+        return sent, retry, committed
 
     async def _relay(
         self,

@@ -140,6 +140,13 @@ class Metrics:
         self.stage_errors = Counter(
             "recap_stage_errors", "Stages that raised and were skipped.", ["stage"], registry=r
         )
+        self.remote_compactions = Counter(
+            "recap_remote_compactions",
+            "Codex remote compaction answered by Recap, by action (compact, trigger, expanded)"
+            " and whether a stored summary was reused.",
+            ["action", "reused"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -178,3 +185,8 @@ class Metrics:
             self.errors.labels(str(code)).inc()
         for entry in fields.get("stage_errors") or ():
             self.stage_errors.labels(str(entry).split(":", 1)[0]).inc()
+        if action := fields.get("remote_compaction"):
+            reused = fields.get("remote_compaction_reused")
+            self.remote_compactions.labels(
+                str(action), "" if reused is None else str(bool(reused)).lower()
+            ).inc()

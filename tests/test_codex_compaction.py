@@ -384,3 +384,16 @@ def test_remote_compaction_calls_fit_the_summarizer_window(
     for call in calls:
         prompt = sum(counter.count_text(m["content"], call["model"]) for m in call["messages"])
         assert prompt + call["max_tokens"] <= 8192
+
+
+def test_metrics_count_what_remote_compaction_did(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    base = recap()
+    item = compact_v2(base, codex.history())
+    assert compact_v2(base, codex.history()) == item  # the retry reuses the summary
+    turn(base, codex.after_compaction(item, "go on"))
+    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
+    assert 'recap_remote_compactions_total{action="trigger",reused="false"} 1.0' in text
+    assert 'recap_remote_compactions_total{action="trigger",reused="true"} 1.0' in text
+    assert 'recap_remote_compactions_total{action="expanded",reused=""} 1.0' in text

@@ -9,17 +9,22 @@ the error (and from usage) then budgets the next conversation so it does not ove
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
+from proxy.app import create_app
 from proxy.calibration import MAX_RATIO, Calibration
 from proxy.overflow import detect, retry_window
-from tests.conftest import LogCapture
+from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream, Reply, overflowing
+from tests.servers import serve
 
 LIMIT = 16_000
 
@@ -265,3 +270,40 @@ def test_calibration_is_a_bounded_moving_average() -> None:
     assert cal.ratio("t", "other") == 1.0
     cal.observe("w", "m", 10_000, 10)  # a bogus usage never budgets past the window
     assert cal.window("w", "m", 1000) == 1000
+
+
+def test_a_retry_that_fails_is_archived_as_the_retry(
+    upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """Both tries are archived (the upstream saw both), each with what came of it: the
+    first its overflow, the retry its own failure."""
+    calls: list[int] = []
+    overflow = overflowing(10, upstream_count)
+
+    def chat(body: dict[str, Any]) -> Reply:
+        calls.append(1)
+        return overflow(body) if len(calls) == 1 else Reply(delay_s=2)  # past the timeout
+
+    fake.chat = chat
+    config = make_config(upstream_url, tmp_path, inspection_open=True)
+    tenant = config.tenants["default"]
+    fast = dataclasses.replace(tenant.upstream, timeout_s=0.5)
+    config = dataclasses.replace(
+        config, tenants={"default": dataclasses.replace(tenant, upstream=fast)}
+    )
+    with serve(create_app(config)) as base:
+        with pytest.raises(openai.APIStatusError):
+            client(base + "/v1").chat.completions.create(
+                model="gpt-4o",
+                messages=history(3, "d"),  # type: ignore[arg-type]
+                extra_headers={"x-conversation-id": "retry-fails"},
+            )
+        r = httpx.get(f"{base}/v1/recap/conversations/retry-fails/archive")
+    assert r.status_code == 200, r.text
+    events = [json.loads(line) for line in r.text.splitlines()]
+    requests = [e["payload"]["request_id"] for e in events if e.get("type") == "request"]
+    answers = [e["payload"] for e in events if e.get("type") == "response"]
+    assert len(requests) == 2 and len(answers) == 2
+    assert [a["request_id"] for a in answers] == requests
+    assert answers[0]["error"] == "context_length_exceeded"
+    assert answers[1]["status"] >= 500

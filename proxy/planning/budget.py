@@ -26,8 +26,11 @@ Why these numbers:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from proxy.messages import Message, is_pinned
+from proxy.planning.transcript import render_transcript
 
 # Characters per token, low estimates: dense scripts, and everything else.
 DENSE_LANGUAGES = frozenset({"Chinese", "Japanese", "Korean"})
@@ -99,3 +102,20 @@ def transcript_budget(
         later=max(0, room - max(summary_tokens_now, summary_tokens_most)),
         tokens=tokens,
     )
+
+
+def item_weights(
+    messages: Sequence[Message], max_item_chars: int, count_text: Callable[[str], int]
+) -> Callable[[int], int]:
+    """The tokens message `i` adds to a transcript (each counted once, when first asked):
+    its rendered text and the separator; a pinned message adds nothing (it stays raw)."""
+    weights: dict[int, int] = {}
+
+    def weight(i: int) -> int:
+        if i not in weights:
+            m = messages[i]
+            text = "" if is_pinned(m) else render_transcript([m], max_item_chars)
+            weights[i] = count_text(text) + ITEM_SEPARATOR_TOKENS if text else 0
+        return weights[i]
+
+    return weight

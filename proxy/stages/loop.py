@@ -32,7 +32,7 @@ from proxy.config import LoopCompaction
 from proxy.conversation import is_turn_start, tool_rounds, turn_starts
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
-from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
+from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
@@ -41,7 +41,6 @@ from proxy.planning.transcript import (
     content_text,
     detect_language,
     head_tail,
-    render_transcript,
     render_within,
 )
 from proxy.scenes import SceneSet
@@ -239,14 +238,7 @@ class LoopStage:
         transcript (instructions: nothing, they are not summarised)."""
         session = ex.tenant.compaction.session
         messages = ex.messages
-        weights: dict[int, int] = {}
-
-        def item_tokens(i: int) -> int:
-            if i not in weights:
-                m = messages[i]
-                text = "" if is_pinned(m) else render_transcript([m], session.max_item_chars)
-                weights[i] = ex.measure.text(text) + ITEM_SEPARATOR_TOKENS if text else 0
-            return weights[i]
+        item_tokens = item_weights(messages, session.max_item_chars, ex.measure.text)
 
         return call_limits(
             ex.tenant,

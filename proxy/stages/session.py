@@ -27,7 +27,7 @@ from proxy.config import SessionCompaction, Tenant
 from proxy.identity import is_derived
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
-from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
+from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
 from proxy.planning.outcome import CompactionOutcome, log_started, retry_detail
@@ -36,7 +36,6 @@ from proxy.planning.transcript import (
     content_text,
     detect_language,
     head_tail,
-    render_transcript,
     render_within,
 )
 from proxy.scenes import SceneSet
@@ -176,14 +175,7 @@ class SessionStage:
     ) -> CallLimits:
         """The summarizer's limits for this compaction; a message weighs what it takes in
         the transcript (instructions: nothing, they are not summarised)."""
-        weights: dict[int, int] = {}
-
-        def item_tokens(i: int) -> int:
-            if i not in weights:
-                m = body[i]
-                text = "" if is_pinned(m) else render_transcript([m], policy.max_item_chars)
-                weights[i] = ex.measure.text(text) + ITEM_SEPARATOR_TOKENS if text else 0
-            return weights[i]
+        item_tokens = item_weights(body, policy.max_item_chars, ex.measure.text)
 
         return call_limits(
             ex.tenant,
