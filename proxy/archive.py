@@ -113,9 +113,8 @@ class Archiver:
         self._waiters: list[asyncio.Future[bool]] = []
         # One per queued record: where the journal holds it (None: not journaled).
         self._places: list[tuple[int, int] | None] = []
-        # Records ever queued, and taken off the queue (stored or given up): `flush`.
+        # Records ever queued (`flush`: those taken off the queue are the rest).
         self._queued = 0
-        self._taken = 0
         self._flushes: list[tuple[int, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
         self._linger: asyncio.TimerHandle | None = None
@@ -276,9 +275,17 @@ class Archiver:
             self._wake.set()
         elif self._linger is None:
             self._linger = loop.call_later(self.linger_s, self._wake.set)
-        if self._writer is None or self._writer.done():
-            self._writer = loop.create_task(self._write_queued())
+        self._ensure_writer()
         return committed
+
+    def _ensure_writer(self) -> None:
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_queued())
+
+    @property
+    def _taken(self) -> int:
+        """Records taken off the queue so far (stored or given up)."""
+        return self._queued - len(self._queue)
 
     def _settle(self, count: int, ok: bool) -> None:
         """The first `count` queued records are written (ok) or were given up on."""
@@ -288,7 +295,6 @@ class Archiver:
         del self._queue[:count]
         del self._waiters[:count]
         del self._places[:count]
-        self._taken += count
         self._flushed()
 
     def _flushed(self, *, all_: bool = False) -> None:
@@ -324,8 +330,7 @@ class Archiver:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flushes.append((target, done))
         self._wake.set()
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.get_running_loop().create_task(self._write_queued())
+        self._ensure_writer()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), timeout)
 
@@ -406,17 +411,15 @@ class Archiver:
             try:
                 after = await self.store.journal_mark(orphan.owner)
                 batch: list[ExchangeRecord] = []
-                places: list[tuple[int, int] | None] = []
-                last: JournalMark | None = None
+                marks: list[JournalMark] = []
                 for mark, record in orphan.records(after):
                     batch.append(record)
-                    places.append((mark.segment, mark.position - 1))
-                    last = mark
+                    marks.append(mark)
                     if len(batch) >= self.max_batch:
-                        stored += await self._replayed(orphan.owner, batch, places, last)
-                        batch, places = [], []
+                        stored += await self._replayed(batch, marks)
+                        batch, marks = [], []
                 if batch:
-                    stored += await self._replayed(orphan.owner, batch, places, last)
+                    stored += await self._replayed(batch, marks)
             except StoreError as exc:
                 log.warning("archive journal %s not replayed, kept: %s", orphan.owner, exc)
                 orphan.release()
@@ -430,21 +433,15 @@ class Archiver:
             log.warning("archive journal: %d records of a stopped process stored", stored)
         return stored
 
-    async def _replayed(
-        self,
-        owner: str,
-        batch: list[ExchangeRecord],
-        places: list[tuple[int, int] | None],
-        last: JournalMark | None,
-    ) -> int:
+    async def _replayed(self, batch: list[ExchangeRecord], marks: list[JournalMark]) -> int:
+        """One batch of a replay, with the mark of its last record; record by record
+        if the store cannot hold one of them (a store that is down raises)."""
         try:
-            await self.store.record_exchanges(batch, last)
+            await self.store.record_exchanges(batch, marks[-1])
         except StoreError:
             if not await self._store_works():
                 raise
-            for record, place in zip(batch, places, strict=True):
-                assert place is not None
-                mark = JournalMark(owner, place[0], place[1] + 1)
+            for record, mark in zip(batch, marks, strict=True):
                 try:
                     await self.store.record_exchanges([record], mark)
                 except StoreError as exc:
@@ -453,7 +450,7 @@ class Archiver:
         return len(batch)
 
     def _bound_queue(self) -> None:
-        sizes = [sum(len(body) for _, body in (*r.messages, *r.params)) + 512 for r in self._queue]
+        sizes = [_weight(r) + 512 for r in self._queue]
         total, dropped = sum(sizes), 0
         while total > self.max_queued_bytes and dropped < len(sizes):
             total -= sizes[dropped]
