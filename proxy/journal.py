@@ -72,12 +72,23 @@ def _segment_path(directory: Path, owner: str, seq: int) -> Path:
     return directory / f"{owner}.{seq:08d}.jsonl"
 
 
+def _lock_path(directory: Path, owner: str) -> Path:
+    return directory / f"{owner}.lock"
+
+
 def _segments(directory: Path, owner: str) -> list[tuple[int, Path]]:
     found = []
     for path in directory.glob(f"{owner}.*.jsonl"):
         with contextlib.suppress(ValueError):
             found.append((int(path.name.split(".")[1]), path))
     return sorted(found)
+
+
+def _remove(directory: Path, owner: str) -> None:
+    """An owner's segments, then its lock file (so a journal is never found lockless)."""
+    for _, path in _segments(directory, owner):
+        path.unlink(missing_ok=True)
+    _lock_path(directory, owner).unlink(missing_ok=True)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -96,12 +107,13 @@ class Journal:
         self._lock_fd: int | None = None
         self._fd: int | None = None
         self._segment = 0
+        self._oldest = 0  # the oldest segment not yet deleted
         self._records = 0  # records appended to the current segment
         self._size = 0
 
     def open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / f"{self.owner}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(_lock_path(self.directory, self.owner), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._lock_fd = fd
         self._start(0)
@@ -138,9 +150,9 @@ class Journal:
         if segment == self._segment and mark.position >= self._records and self._records:
             self._start(self._segment + 1)
             segment = self._segment
-        for seq, path in _segments(self.directory, self.owner):
-            if seq < segment:
-                path.unlink(missing_ok=True)
+        for seq in range(self._oldest, segment):
+            _segment_path(self.directory, self.owner, seq).unlink(missing_ok=True)
+        self._oldest = max(self._oldest, segment)
 
     def close(self, *, all_stored: bool) -> None:
         """Stop appending. With everything stored, the files go; otherwise they stay for
@@ -149,9 +161,7 @@ class Journal:
             os.close(self._fd)
             self._fd = None
         if all_stored:
-            for _, path in _segments(self.directory, self.owner):
-                path.unlink(missing_ok=True)
-            (self.directory / f"{self.owner}.lock").unlink(missing_ok=True)
+            _remove(self.directory, self.owner)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -188,9 +198,7 @@ class Orphan:
                     yield JournalMark(self.owner, seq, index + 1), record
 
     def remove(self) -> None:
-        for _, path in _segments(self.directory, self.owner):
-            path.unlink(missing_ok=True)
-        (self.directory / f"{self.owner}.lock").unlink(missing_ok=True)
+        _remove(self.directory, self.owner)
         self.release()
 
     def release(self) -> None:
@@ -208,7 +216,7 @@ def orphans(directory: Path, *, own: str | None = None) -> list[Orphan]:
     found = []
     for owner in sorted(owners - {own}):
         try:
-            fd = os.open(directory / f"{owner}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(_lock_path(directory, owner), os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             log.warning("journal %s/%s: cannot open its lock (%s)", directory, owner, exc)
             continue
