@@ -165,9 +165,10 @@ class ChatCompletions:
         # Arrival to forwarding (of the first try: a retry's time is the upstream's too).
         overhead_ms = round((time.perf_counter() - start) * 1000, 1)
         fields["overhead_ms"] = overhead_ms
-        # The request's archive record is queued once the body is on the wire, so making
-        # it overlaps the upstream's work, and committed while the upstream answers; the
-        # answer's final bytes wait for it (relay.FinalBytesGate).
+        # The request's archive record is made once the body is on the wire, so making it
+        # overlaps the upstream's work: journaled, it is durable at once; otherwise it is
+        # committed while the upstream answers and the final bytes wait for it
+        # (relay.FinalBytesGate).
         committed: Awaitable[bool] | None = None
         try:
             sent, committed = await self._forward(

@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy import attachments
 from proxy.messages import Message, fingerprint
-from proxy.tokens import REPLY_PRIMING_TOKENS, TokenCounter
+from proxy.tokens import MESSAGE_FIELDS, REPLY_PRIMING_TOKENS, TokenCounter
 
 
 class Measure:
@@ -100,7 +100,7 @@ def _size_bound(message: Message) -> int:
     counted.
     """
     chars = 0
-    for key in _COUNTED:
+    for key in MESSAGE_FIELDS:
         value = message.get(key)
         if value is None:
             continue
@@ -117,7 +117,3 @@ def _size_bound(message: Message) -> int:
         else:
             return 1 << 40
     return 4 * chars + _FRAMING
-
-
-# The fields `tokens.message_tokens` counts.
-_COUNTED = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call")

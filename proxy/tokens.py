@@ -339,6 +339,10 @@ def _text_counter(encoder: tiktoken.Encoding | None) -> Callable[[str], int]:
     return bounded(lambda text: len(encode(text)))
 
 
+# The fields of a message that `message_tokens` counts (`measure.at_most` bounds these).
+MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call")
+
+
 def message_tokens(message: Any, count: Callable[[str], int]) -> int:
     """One message's tokens, given a text counter. Total: never raises on odd shapes."""
     if not isinstance(message, Mapping):
