@@ -30,7 +30,7 @@ from proxy.identity import conversation_ref, resolve_tenant
 from proxy.logs import log_fields
 from proxy.measure import Measure
 from proxy.messages import classify
-from proxy.offload import in_slices, off_loop, sized
+from proxy.offload import off_loop
 from proxy.overflow import detect, retry_exchange, retry_window
 from proxy.pipeline import Control, Exchange
 from proxy.relay import (
@@ -47,7 +47,13 @@ from proxy.relay import (
 )
 from proxy.stages.estimate import count_for_log
 from proxy.state import AppState
-from proxy.upstream import mapped_errors, request_headers, response_headers, upstream_url
+from proxy.upstream import (
+    RequestBody,
+    mapped_errors,
+    request_headers,
+    response_headers,
+    upstream_url,
+)
 
 log = logging.getLogger("recap.chat")
 
@@ -286,24 +292,16 @@ class ChatCompletions:
     ) -> httpx.Response:
         """Forward; the upstream's response (streamed). Raises RecapError (mapped_errors).
 
-        `on_sent` runs as soon as the whole body is written (httpcore's trace event),
-        while the upstream works on it."""
+        `on_sent` runs as soon as the whole body is written (`RequestBody`), while the
+        upstream works on it."""
         upstream = tenant.upstream
         client = state.upstreams.client(upstream)
-        extensions = {}
-        if on_sent is not None:
-
-            async def trace(event: str, info: Mapping[str, Any]) -> None:
-                if event.endswith(".send_request_body.complete"):
-                    on_sent()
-
-            extensions["trace"] = trace
+        content = RequestBody(payload, on_sent)
         request = client.build_request(
             "POST",
             upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
-            headers=[(k, v) for k, v in headers if k != b"content-length"] + sized(payload),
-            content=in_slices(payload),
-            extensions=extensions,
+            headers=[(k, v) for k, v in headers if k != b"content-length"] + content.headers,
+            content=content,
         )
         with mapped_errors(upstream):
             return await client.send(request, stream=True)

@@ -15,7 +15,7 @@ for 30 MB on the reference machine (docs/benchmarks.md, loop lag).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from proxy.measure import Measure
@@ -33,30 +33,6 @@ async def off_loop(size: int, work: Callable[[], T]) -> T:
     if size < OFF_LOOP_BYTES:
         return work()
     return await asyncio.to_thread(work)
-
-
-# A large body goes upstream in slices, so the transport never copies it whole on the loop.
-SLICE_BYTES = 64 * 1024
-
-
-def in_slices(payload: bytes) -> bytes | AsyncIterator[bytes]:
-    """The body to forward: as is when small; else its slices (sent as they drain)."""
-    if len(payload) < OFF_LOOP_BYTES:
-        return payload
-
-    async def slices() -> AsyncIterator[bytes]:
-        view = memoryview(payload)
-        for i in range(0, len(view), SLICE_BYTES):
-            yield bytes(view[i : i + SLICE_BYTES])
-
-    return slices()
-
-
-def sized(payload: bytes) -> list[tuple[bytes, bytes]]:
-    """The Content-Length header a sliced body needs (else httpx would send it chunked)."""
-    if len(payload) < OFF_LOOP_BYTES:
-        return []
-    return [(b"content-length", str(len(payload)).encode())]
 
 
 class MeasureOffLoop:
