@@ -47,7 +47,7 @@ from proxy.archived import ArchivedIndex
 from proxy.fingerprints import FingerprintCache
 from proxy.journal import Journal, orphans
 from proxy.messages import Message
-from proxy.offload import off_loop
+from proxy.offload import OFF_LOOP_BYTES, off_loop
 from proxy.pipeline import Exchange, History
 from proxy.stages.estimate import count_for_log
 from proxy.store.base import (
@@ -168,7 +168,10 @@ class Archiver:
         count_for_log(ex)  # tokens_after; mostly seeded counts, so cheap
         conv = ex.conversation
         session, trim = ex.outcome("session"), ex.outcome("trim")
-        rows = list(ex.unarchived)
+        if ex.unarchived is None:  # not needed before it was forwarded
+            rows = self.missing(conv, ex.fingerprints, ex.original, ex.body_bytes or None)
+        else:
+            rows = list(ex.unarchived)
         sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
         if ex.changed:
             rows += self.missing(conv, sent, ex.messages)
@@ -506,7 +509,13 @@ class Archiver:
 
 
 class ArchiveOriginals:
-    """First stage: fingerprint the client's messages; note what the archive lacks."""
+    """First stage: how the client's messages are identified and archived.
+
+    Their identity (fingerprints and chain hashes, from the fingerprint cache) and the
+    rows the archive lacks are worked out when first needed: for a small request that
+    compacts nothing, once it is forwarded (`Archiver.begin`). A large one's are made now,
+    its rows off the loop (proxy.offload).
+    """
 
     name = "archive"
 
@@ -515,21 +524,35 @@ class ArchiveOriginals:
         self.cache = fingerprints
 
     async def __call__(self, ex: Exchange, /) -> None:
-        ident = self.cache.identity(
-            ex.conversation, ex.original, ex.model, ex.body_bytes, ex.measure.fingerprint
+        ex.identify = lambda: self._identify(ex)
+        # What the previous request counted, for the planners' bounds (`Measure.at_most`);
+        # a count or fingerprint not known then makes the identity first (`seeder`).
+        ex.measure.seed(
+            ex.original, counts=self.cache.counts(ex.conversation, ex.original, ex.model)
         )
-        fps = ex.fingerprints = ident.fingerprints
-        ex.measure.seed(ex.original, fps, ident.counts)
-        p = ident.pinned
-        ex.identity = History(ex.original[:p], ex.original[p:], ident.chain)
-        # The rows' JSON of a large body is made off the loop (proxy.offload).
-        ex.unarchived = await off_loop(
-            ex.body_bytes,
-            lambda: self.archiver.missing(ex.conversation, fps, ex.original, ex.body_bytes or None),
-        )
+        ex.measure.seeder = lambda: ex.identity
         archiver = self.archiver
 
         async def write_now() -> None:
+            if ex.unarchived is None:
+                ex.unarchived = archiver.missing(
+                    ex.conversation, ex.fingerprints, ex.original, ex.body_bytes or None
+                )
             await archiver.write(ex.conversation, ex.unarchived)
 
         ex.archive_now = write_now
+        if ex.body_bytes >= OFF_LOOP_BYTES:
+            fps = ex.fingerprints
+            ex.unarchived = await off_loop(
+                ex.body_bytes,
+                lambda: archiver.missing(ex.conversation, fps, ex.original, ex.body_bytes),
+            )
+
+    def _identify(self, ex: Exchange) -> History:
+        ex.measure.seeder = None  # this is the seeding: its own misses hash directly
+        ident = self.cache.identity(
+            ex.conversation, ex.original, ex.model, ex.body_bytes, ex.measure.fingerprint
+        )
+        ex.measure.seed(ex.original, ident.fingerprints, ident.counts)
+        p = ident.pinned
+        return History(ex.original[:p], ex.original[p:], ident.chain, ident.fingerprints)

@@ -279,7 +279,19 @@ class ChatCompletions:
     def _begin(self, state: AppState, exchange: Exchange | None) -> Awaitable[bool] | None:
         if exchange is None or exchange.archive_now is None:
             return None
-        return state.archiver.begin(exchange)
+        try:
+            return state.archiver.begin(exchange)
+        except (TypeError, ValueError, RecursionError) as exc:
+            # The messages' identity is first worked out here for most requests: one
+            # that cannot be hashed is forwarded unarchived, as a failed archive stage was.
+            exchange.log_fields["archive_error"] = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "archive record not made: %s: %s",
+                type(exc).__name__,
+                exc,
+                extra={"request_id": exchange.request_id},
+            )
+            return None
 
     async def _send(
         self,

@@ -83,10 +83,7 @@ class FingerprintCache:
         previous = self._recent.pop(conv)
         old_messages: Sequence[Message] = previous[0] if previous else []
         old = previous[1] if previous else None
-        same = 0  # length of the prefix equal to the previous request's
-        limit = min(len(messages), len(old_messages))
-        while same < limit and messages[same] == old_messages[same]:
-            same += 1
+        same = _same_prefix(messages, old_messages)
         fps = (old.fingerprints[:same] if old else []) + [hash_message(m) for m in messages[same:]]
         pinned = len(split_pinned(messages)[0])
         chain: list[str] = []
@@ -100,6 +97,18 @@ class FingerprintCache:
         self._recent.put(conv, (messages, ident, weight), weight)
         return ident
 
+    def counts(
+        self, conv: ConversationRef, messages: Sequence[Message], model: str | None
+    ) -> list[int | None]:
+        """The token counts the previous request's messages had, for the leading ones that
+        are equal to them: compared, not hashed (`identity` hashes), so the planners can
+        tell a request far below every trigger before anything is hashed."""
+        previous = self._recent.get(conv)
+        if previous is None or previous[1].model != model:
+            return []
+        old_messages, old = previous[0], previous[1]
+        return old.counts[: _same_prefix(messages, old_messages)]
+
     def remember_counts(
         self, conv: ConversationRef, messages: Sequence[Message], counts: list[int | None]
     ) -> None:
@@ -108,3 +117,11 @@ class FingerprintCache:
         if entry is not None and entry[0] is messages:
             ident = dataclasses.replace(entry[1], counts=counts)
             self._recent.put(conv, (messages, ident, entry[2]), entry[2])
+
+
+def _same_prefix(messages: Sequence[Message], old: Sequence[Message]) -> int:
+    """The length of the prefix `messages` share with `old`."""
+    same, limit = 0, min(len(messages), len(old))
+    while same < limit and messages[same] == old[same]:
+        same += 1
+    return same

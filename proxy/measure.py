@@ -9,8 +9,9 @@ earlier request cost nothing to count again.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from proxy import attachments
@@ -26,16 +27,22 @@ class Measure:
         self._fps: dict[int, tuple[Any, str]] = {}
         self._tokens: dict[int, tuple[Any, int]] = {}
         self._bounds: dict[int, tuple[Any, int]] = {}
+        # Called once, before the first fingerprint or count is made: the archive stage's
+        # hook that seeds what the fingerprint cache knows (`seed`), so nothing is
+        # hashed or counted twice; left unset when nothing may be needed (`at_most`).
+        self.seeder: Callable[[], object] | None = None
 
     def seed(
         self,
         messages: Sequence[Message],
-        fingerprints: Sequence[str],
+        fingerprints: Sequence[str] = (),
         counts: Sequence[int | None] = (),
     ) -> None:
-        """Fingerprints (and token counts) known already for these messages."""
-        for m, fp in zip(messages, fingerprints, strict=True):
-            self._fps[id(m)] = (m, fp)
+        """Fingerprints (all or none) and token counts (of the leading messages) known
+        already for these messages."""
+        if fingerprints:
+            for m, fp in zip(messages, fingerprints, strict=True):
+                self._fps[id(m)] = (m, fp)
         for m, n in zip(messages, counts, strict=False):
             if n is not None:
                 self._tokens[id(m)] = (m, n)
@@ -44,8 +51,18 @@ class Measure:
         """The counts made so far for these messages (None where none was)."""
         return [hit[1] if (hit := self._tokens.get(id(m))) else None for m in messages]
 
+    def _seed_now(self) -> None:
+        seeder, self.seeder = self.seeder, None
+        if seeder is not None:
+            # A message that cannot be hashed is counted without its fingerprint.
+            with contextlib.suppress(TypeError, ValueError, RecursionError):
+                seeder()
+
     def fingerprint(self, message: Message) -> str:
         hit = self._fps.get(id(message))
+        if hit is None and self.seeder is not None:
+            self._seed_now()
+            hit = self._fps.get(id(message))
         if hit is not None:
             return hit[1]
         fp = fingerprint(message)
@@ -54,6 +71,9 @@ class Measure:
 
     def tokens(self, message: Message) -> int:
         hit = self._tokens.get(id(message))
+        if hit is None and self.seeder is not None:
+            self._seed_now()
+            hit = self._tokens.get(id(message))
         if hit is not None:
             return hit[1]
         try:
@@ -91,7 +111,8 @@ _FRAMING = 16
 
 
 def _size_bound(message: Message) -> int:
-    """Tokens <= 4 x characters of what `tokens.message_tokens` counts, plus framing.
+    """Tokens <= UTF-8 bytes of what `tokens.message_tokens` counts, plus framing: a token
+    is at least one byte, so an ASCII text bounds by its length, any other by 4 x.
 
     Only the fields it reads weigh (a dialect's own keys, such as the Responses items a
     message stands for, are not counted, so they bound nothing). Attachments (images,
@@ -99,21 +120,25 @@ def _size_bound(message: Message) -> int:
     message with one, or any odd shape, is far over any trigger's bound: it is simply
     counted.
     """
-    chars = 0
+    size = 0  # in bytes of UTF-8, at most
     for key in MESSAGE_FIELDS:
         value = message.get(key)
         if value is None:
             continue
         if isinstance(value, str):
-            chars += len(value) + len(key)
+            size += _utf8_bound(value) + len(key)
         elif key in ("tool_calls", "function_call") and isinstance(value, list | dict):
-            chars += len(json.dumps(value))
+            size += len(json.dumps(value))  # ASCII: json escapes the rest
         elif key == "content" and isinstance(value, list):
             for part in value:
                 if attachments.is_attachment(part):
                     return 1 << 40
                 # A text part counts its text, anything else its JSON: both within this.
-                chars += len(json.dumps(part))
+                size += len(json.dumps(part))
         else:
             return 1 << 40
-    return 4 * chars + _FRAMING
+    return size + _FRAMING
+
+
+def _utf8_bound(text: str) -> int:
+    return len(text) if text.isascii() else 4 * len(text)

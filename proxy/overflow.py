@@ -135,8 +135,8 @@ def retry_exchange(ex: Exchange, window: int) -> Exchange:
         summary_index=None,
         loop_summary_index=None,
         trimmed=[],
-        fingerprints=[],
-        unarchived=[],
+        identify=None,
+        unarchived=None,
         archive_now=None,
         archive_failed=False,
     )

@@ -17,13 +17,13 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from proxy.config import Tenant
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import ChatDialect
 from proxy.measure import Measure
-from proxy.messages import Classification, Message, chain_hashes, split_pinned
+from proxy.messages import Classification, Message, chain_of, split_pinned
 from proxy.planning.outcome import CompactionOutcome, layers
 from proxy.store.base import ConversationRef, StoreError
 
@@ -73,10 +73,11 @@ class Exchange:
     loop_summary_index: int | None = None
     # Fingerprints of the originals the trim stage replaced by placeholders.
     trimmed: list[str] = field(default_factory=list)
-    # Set by the archive stage: the fingerprints of the client's messages, in order;
-    # those not yet on disk as (fingerprint, json) rows; and how to write them now.
-    fingerprints: list[str] = field(default_factory=list)
-    unarchived: list[tuple[str, str]] = field(default_factory=list)
+    # Set by the archive stage: how the client's messages are identified (`identity`,
+    # from the fingerprint cache); those not yet on disk as (fingerprint, json) rows (None:
+    # not worked out yet); and how to write them now.
+    identify: Callable[[], History] | None = None
+    unarchived: list[tuple[str, str]] | None = None
     archive_now: Callable[[], Awaitable[None]] | None = None
     archive_failed: bool = False
 
@@ -125,7 +126,7 @@ class Exchange:
         """
         if self.archive_now is None or self.archive_failed:
             return False
-        if not self.unarchived:
+        if self.unarchived == []:
             return True
         try:
             await self.archive_now()
@@ -158,10 +159,31 @@ class Exchange:
         return self.messages is not self.original
 
     @functools.cached_property
+    def split(self) -> tuple[list[Message], list[Message]]:
+        """The client's messages as pinned + body, without hashing them (`identity` hashes)."""
+        return split_pinned(self.original)
+
+    @functools.cached_property
     def identity(self) -> History:
-        """The client's messages as pinned + body with the body's chain hashes (computed once)."""
-        pinned, body = split_pinned(self.original)
-        return History(pinned, body, chain_hashes(body))
+        """The client's messages as pinned + body, with their fingerprints and the body's
+        chain hashes: worked out on first use (most small requests need it only once they
+        are forwarded, for the archive), by `identify` when the archive stage set it."""
+        if self.identify is not None:
+            return self.identify()
+        pinned, body = self.split
+        fingerprints = [self.measure.fingerprint(m) for m in self.original]
+        return History(pinned, body, chain_of(fingerprints[len(pinned) :]), fingerprints)
+
+    @property
+    def fingerprints(self) -> list[str]:
+        """The fingerprints of the client's messages, in order."""
+        return self.identity.fingerprints
+
+    @property
+    def chain(self) -> Sequence[str]:
+        """The body's chain hashes for a lookup among stored versions: hashed only if a
+        version is there to compare (`LazyChain`)."""
+        return LazyChain(self)
 
 
 @dataclass(frozen=True)
@@ -169,6 +191,27 @@ class History:
     pinned: list[Message]
     body: list[Message]
     chain: list[str]
+    fingerprints: list[str]
+
+
+class LazyChain(Sequence[str]):
+    """`Exchange.identity.chain`, hashed on first look. Its length is the body's, known
+    without hashing, so matching a conversation that has no stored summary costs nothing."""
+
+    def __init__(self, exchange: Exchange) -> None:
+        self._exchange = exchange
+
+    def __len__(self) -> int:
+        return len(self._exchange.split[1])
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return self._exchange.identity.chain[index]
 
 
 class Stage(Protocol):

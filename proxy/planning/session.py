@@ -210,6 +210,25 @@ class _Prefix:
         return self.sums[end] - self.sums[start] if end > start else 0
 
 
+def quiet_reason(
+    body: Sequence[Message],
+    policy: SessionCompaction,
+    context_window: int,
+    bound: int,
+) -> str | None:
+    """The skip reason `plan_session` gives an unforced request with no applied summary,
+    told from `bound`, an upper bound of its messages' tokens (`Measure.at_most`), without
+    counting any: None when it cannot be told so (then plan, and count)."""
+    if not policy.enabled:
+        return "disabled"
+    if not turn_cut_points(body):
+        return "nothing_to_compact"
+    # Neither trigger can fire: the slice to fold and the whole are within the bound.
+    if bound < min(policy.min_new_tokens, context_window * policy.trigger_ratio):
+        return "below_threshold"
+    return None
+
+
 def _raw_from(
     cuts: list[int],
     covered: int,

@@ -31,7 +31,13 @@ from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
 from proxy.planning.outcome import CompactionOutcome, log_started, retry_detail
-from proxy.planning.session import AppliedSummary, SessionPlan, plan_session, session_view
+from proxy.planning.session import (
+    AppliedSummary,
+    SessionPlan,
+    plan_session,
+    quiet_reason,
+    session_view,
+)
 from proxy.planning.transcript import (
     content_text,
     detect_language,
@@ -93,22 +99,31 @@ class SessionStage:
         forced = ex.control == "force"
         if ex.control == "off" or not (policy.enabled or forced):
             return
-        pinned, body, chain = ex.identity.pinned, ex.identity.body, ex.identity.chain
+        pinned, body = ex.split
         if len(body) < 2:
             if forced:
                 ex.record(CompactionOutcome("session", "skipped", "forced", "too_short"))
             return
-        applied = as_applied(await self.store.matching_summary(ex.conversation, chain), len(body))
+        applied = as_applied(
+            await self.store.matching_summary(ex.conversation, ex.chain), len(body)
+        )
         outcome: CompactionOutcome | None = None
         breaker = self.breakers.setdefault(
             ex.tenant.name, Breaker(policy.failure_threshold, policy.cooldown_s, clock=self.clock)
         )
         if ex.classification == Classification.TURN_START or forced:
+            quiet = None
+            if not forced and applied is None:
+                bound = ex.measure.at_most([*pinned, *body])
+                quiet = quiet_reason(body, policy, ex.context_window, bound)
             if breaker.open(ex.conversation):
                 outcome = CompactionOutcome("session", "skipped", skip_reason="circuit_open")
+            elif quiet is not None:
+                # Far below the triggers: nothing counted or hashed before it is forwarded.
+                outcome = CompactionOutcome("session", "skipped", skip_reason=quiet)
             else:
                 applied, outcome = await self._maybe_compact(
-                    ex, policy, pinned, body, chain, applied, breaker
+                    ex, policy, pinned, body, applied, breaker
                 )
         if applied is not None:
             # Applying a stored summary shortens the view: that is this layer's work too.
@@ -192,7 +207,6 @@ class SessionStage:
         policy: SessionCompaction,
         pinned: list[Message],
         body: list[Message],
-        chain: list[str],
         applied: AppliedSummary | None,
         breaker: Breaker,
     ) -> tuple[AppliedSummary | None, CompactionOutcome]:
@@ -202,7 +216,7 @@ class SessionStage:
             return applied, _skipped(plan, plan.skip_reason)
         if not await ex.ensure_archived():
             return applied, _skipped(plan, "archive_failed")
-        conv = ex.conversation
+        conv, chain = ex.conversation, ex.identity.chain
         async with self.store.conversation_lock(conv):
             # Another request of this conversation may have compacted while we waited:
             # re-read and re-plan, so its work is reused instead of repeated.

@@ -101,7 +101,7 @@ class FitToWindow:
         if not starts:
             return
         messages, dropped = fit_to_window(
-            len(ex.identity.pinned),
+            len(ex.split[0]),
             ex.messages,
             ex.summary_index,
             starts[-1],

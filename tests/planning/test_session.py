@@ -19,7 +19,13 @@ import pytest
 from proxy.config import SessionCompaction
 from proxy.conversation import tool_rounds, turn_cut_points, turn_starts, valid_cut_points
 from proxy.messages import Classification, Message, classify, split_pinned
-from proxy.planning.session import AppliedSummary, SessionPlan, plan_session, session_view
+from proxy.planning.session import (
+    AppliedSummary,
+    SessionPlan,
+    plan_session,
+    quiet_reason,
+    session_view,
+)
 from proxy.tokens import TokenCounter
 from tests.test_conversation import (
     assert_valid,
@@ -488,3 +494,36 @@ def test_a_token_budget_fills_a_batch_past_a_short_turn() -> None:
     first_end = plan.batches[0][1]
     assert loop_start < first_end and first_end in valid_cut_points(body)
     assert all(sum(weights[a:b]) <= limit for a, b in plan.batches)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [SMALL, SessionCompaction(), dataclasses.replace(SMALL, min_new_tokens=50_000)],
+    ids=["small", "defaults", "ratio_only"],
+)
+def test_quiet_reason_is_the_reason_plan_session_gives(
+    taubench: list[dict[str, Any]], policy: SessionCompaction
+) -> None:
+    """Told from an upper bound without counting, the skip reason is plan_session's own; it
+    stays silent (None) whenever plan_session may compact."""
+    told = 0
+    prefixes = [
+        m for sessions in by_task(taubench).values() for m in _turn_prefixes(chain(sessions))
+    ]
+    prefixes += _turn_prefixes(long_session(seed=3, n_turns=40))
+    for messages in prefixes:
+        pinned, body = split_pinned(messages)
+        total = sum(count(m) for m in messages)
+        for bound in (total, total + 500, 2 * total):
+            reason = quiet_reason(body, policy, WINDOW, bound)
+            if reason is None:
+                continue
+            told += 1
+            plan = plan_session(pinned, body, None, policy, WINDOW, count, count_text)
+            assert not plan.compacts and plan.skip_reason == reason
+    assert told > 50
+    assert quiet_reason(body, dataclasses.replace(policy, enabled=False), WINDOW, 0) == "disabled"
+
+
+def _turn_prefixes(messages: list[Message]) -> list[list[Message]]:
+    return [messages[: start + 1] for start in turn_starts(messages)]
