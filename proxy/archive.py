@@ -525,11 +525,8 @@ class ArchiveOriginals:
 
     async def __call__(self, ex: Exchange, /) -> None:
         ex.identify = lambda: self._identify(ex)
-        # What the previous request counted, for the planners' bounds (`Measure.at_most`);
-        # a count or fingerprint not known then makes the identity first (`seeder`).
-        ex.measure.seed(
-            ex.original, counts=self.cache.counts(ex.conversation, ex.original, ex.model)
-        )
+        # The first fingerprint or count asked for makes the identity, which seeds what
+        # the previous request counted (the planners' first checks need none of it).
         ex.measure.seeder = lambda: ex.identity
         archiver = self.archiver
 

@@ -120,6 +120,8 @@ class ChatCompletions:
                     ),
                 )
                 model = body.get("model") if isinstance(body.get("model"), str) else None
+                measure = Measure(state.counter, model)
+                measure.bound_by(view.messages, len(incoming.decoded))
                 exchange = Exchange(
                     request_id=fields["request_id"],
                     tenant=tenant,
@@ -133,7 +135,7 @@ class ChatCompletions:
                     context_window=state.calibration.window(
                         tenant.name, model, config.context_window(model)
                     ),
-                    measure=Measure(state.counter, model),
+                    measure=measure,
                     control=control_of(headers),
                     body_bytes=len(incoming.decoded),
                     log_fields=fields,

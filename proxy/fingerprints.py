@@ -97,18 +97,6 @@ class FingerprintCache:
         self._recent.put(conv, (messages, ident, weight), weight)
         return ident
 
-    def counts(
-        self, conv: ConversationRef, messages: Sequence[Message], model: str | None
-    ) -> list[int | None]:
-        """The token counts the previous request's messages had, for the leading ones that
-        are equal to them: compared, not hashed (`identity` hashes), so the planners can
-        tell a request far below every trigger before anything is hashed."""
-        previous = self._recent.get(conv)
-        if previous is None or previous[1].model != model:
-            return []
-        old_messages, old = previous[0], previous[1]
-        return old.counts[: _same_prefix(messages, old_messages)]
-
     def remember_counts(
         self, conv: ConversationRef, messages: Sequence[Message], counts: list[int | None]
     ) -> None:

@@ -27,6 +27,8 @@ class Measure:
         self._fps: dict[int, tuple[Any, str]] = {}
         self._tokens: dict[int, tuple[Any, int]] = {}
         self._bounds: dict[int, tuple[Any, int]] = {}
+        # The request's history and a bound of its tokens from the body's size (`bound_by`).
+        self._request: tuple[Sequence[Message], int] | None = None
         # Called once, before the first fingerprint or count is made: the archive stage's
         # hook that seeds what the fingerprint cache knows (`seed`), so nothing is
         # hashed or counted twice; left unset when nothing may be needed (`at_most`).
@@ -84,10 +86,29 @@ class Measure:
         self._tokens[id(message)] = (message, n)
         return n
 
+    def bound_by(self, messages: Sequence[Message], body_bytes: int) -> None:
+        """Bound the tokens of `messages`, the history parsed from a JSON body of
+        `body_bytes`, by that size (`at_most` of this very list then looks at nothing).
+
+        A token is at least one byte of the text it stands for, and every text a message
+        is counted by is in the body: a string as written there (escaped, so no shorter),
+        anything else as the JSON the counter writes, with spaces (at most twice its
+        compact length). Attachments weigh what the provider bills, which their size does
+        not bound: a history with one gets no such bound."""
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list) and any(attachments.is_attachment(p) for p in content):
+                return
+        bound = 2 * body_bytes + _FRAMING * len(messages) + REPLY_PRIMING_TOKENS
+        self._request = (messages, bound)
+
     def at_most(self, messages: Iterable[Message]) -> int:
-        """An upper bound of `total` that tokenizes nothing: exact for messages counted
-        before, and for new ones their UTF-8 size bound (a token is at least one byte,
-        a character at most four), so a request far below a trigger costs no tokenizing."""
+        """An upper bound of `total` that tokenizes nothing: for the request's own history
+        its body's (`bound_by`); otherwise exact for messages counted before, and for new
+        ones their UTF-8 size bound (a token is at least one byte, a character at most
+        four), so a request far below a trigger costs no tokenizing."""
+        if self._request is not None and messages is self._request[0]:
+            return self._request[1]
         bound = REPLY_PRIMING_TOKENS
         for m in messages:
             known = self._tokens.get(id(m)) or self._bounds.get(id(m))

@@ -114,7 +114,7 @@ class SessionStage:
         if ex.classification == Classification.TURN_START or forced:
             quiet = None
             if not forced and applied is None:
-                bound = ex.measure.at_most([*pinned, *body])
+                bound = ex.measure.at_most(ex.original)
                 quiet = quiet_reason(body, policy, ex.context_window, bound)
             if breaker.open(ex.conversation):
                 outcome = CompactionOutcome("session", "skipped", skip_reason="circuit_open")
