@@ -32,6 +32,21 @@ class ChatBody:
     parsed: Parsed | None = None
 
 
+# Where a layer in front of a route (remote_routes.CodexGate) leaves in the scope the body
+# it read, so that the route does not read it again.
+READ_BODY = "recap.read_body"
+
+
+@dataclass(frozen=True)
+class ReadBody:
+    """A request body read once: as the client sent it, and decoded (None: it cannot be,
+    and `why`)."""
+
+    raw: bytes
+    decoded: bytes | None
+    why: str = ""
+
+
 async def decode_body(raw: bytes, content_encoding: str, limit: int) -> tuple[bytes | None, str]:
     """The body without its Content-Encoding, at most `limit` bytes once decoded (else 413);
     (None, why) when it cannot be decoded (then it is forwarded as it came)."""

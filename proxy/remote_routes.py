@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.chat_body import decode_body
+from proxy.chat_body import READ_BODY, ReadBody, decode_body
 from proxy.config import Tenant
 from proxy.dialects.base import Parsed, Unparsed
 from proxy.dialects.chat import parse_json, write_json
@@ -59,21 +59,6 @@ log = logging.getLogger("recap.remote")
 App = Any  # an ASGI app
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that gives `body` once, then the client's own (its disconnect)."""
-    sent = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        message: dict[str, Any] = await receive()
-        return message
-
-    return replay
-
-
 def _with_body(scope: Scope, body: bytes) -> Scope:
     """`scope` for a body Recap rewrote: its length, no Content-Encoding (it is identity)."""
     headers = [
@@ -81,22 +66,19 @@ def _with_body(scope: Scope, body: bytes) -> Scope:
         for k, v in scope["headers"]
         if k.lower() not in (b"content-length", b"content-encoding", b"transfer-encoding")
     ]
-    return {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+    return {
+        **scope,
+        "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        READ_BODY: ReadBody(body, body),
+    }
 
 
-class _Read:
-    """A request body read once, as the client sent it and decoded."""
-
-    def __init__(self, raw: bytes, decoded: bytes | None) -> None:
-        self.raw, self.decoded = raw, decoded
-
-
-async def _read(scope: Scope, receive: Receive, state: AppState) -> _Read:
+async def _read(scope: Scope, receive: Receive, state: AppState) -> ReadBody:
     headers = header_map(scope)
     limit = state.config.max_body_bytes
     raw = await read_body(receive, limit, content_length(scope))
-    decoded, _ = await decode_body(raw, headers.get("content-encoding", ""), limit)
-    return _Read(raw, decoded)
+    decoded, why = await decode_body(raw, headers.get("content-encoding", ""), limit)
+    return ReadBody(raw, decoded, why)
 
 
 def _input_of(decoded: bytes | None) -> tuple[dict[str, Any], bool, list[Any]] | None:
@@ -225,7 +207,8 @@ class CodexGate(_Compaction):
                 found = _input_of(read.decoded)
             asked = read_input(found[2]) if found is not None else None
             if found is None or asked is None or not (asked.triggered or asked.compactions):
-                await self.route(scope, _replay(read.raw, receive), send)
+                scope[READ_BODY] = read  # the route reads it from here, not again
+                await self.route(scope, receive, send)
                 return
             body, kept, _ = found
             if server_history_key(body) is not None:
@@ -234,14 +217,15 @@ class CodexGate(_Compaction):
                     "compaction item or trigger with a history the upstream holds: forwarded",
                     extra={"request_id": fields.get("request_id")},
                 )
-                await self.route(scope, _replay(read.raw, receive), send)
+                scope[READ_BODY] = read
+                await self.route(scope, receive, send)
                 return
             fields["tenant"] = tenant.name
             history = await _remote(state).expand(tenant, asked.history)
             if not asked.triggered:
                 fields["remote_compaction"] = RemoteAction.EXPANDED.value
                 rewritten = write_json({**body, "input": history}, kept)
-                await self.route(_with_body(scope, rewritten), _replay(rewritten, receive), send)
+                await self.route(_with_body(scope, rewritten), receive, send)
                 return
             fields["remote_compaction"] = RemoteAction.TRIGGER.value
             await until_disconnect(
