@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.archive import ArchiveOriginals, Archiver
+from proxy.archive import Archiver
 from proxy.boundary import EXCEPTION_HANDLERS, Rendered
 from proxy.config import Config
 from proxy.edge import Edge
@@ -33,6 +33,7 @@ from proxy.offload import MeasureOffLoop
 from proxy.pipeline import Pipeline, Stage
 from proxy.scenes import SceneSet
 from proxy.serving import AcceptErrors
+from proxy.stages.archive import ArchiveOriginals
 from proxy.stages.estimate import EstimateTokens
 from proxy.stages.loop import LoopStage
 from proxy.stages.remote import RemoteCompactor

@@ -1,7 +1,8 @@
 """The lossless archive on the data path: originals before any compaction, events after.
 
-    archive stage (first)   fingerprints every message the client sent and notes the
-                            ones the archive lacks; nothing is written yet
+    archive stage (first)   proxy/stages/archive.py: how the client's messages are
+                            identified and which the archive lacks, worked out when
+                            first needed; nothing is written yet
     a compacting stage      calls `exchange.ensure_archived()` first: the originals
                             are written before any summary, placeholder or drop that
                             replaces them, and if that write fails the stage does not
@@ -44,11 +45,9 @@ from typing import Any
 
 from proxy import longjson
 from proxy.archived import ArchivedIndex
-from proxy.fingerprints import FingerprintCache
 from proxy.journal import Journal, orphans
 from proxy.messages import Message
-from proxy.offload import OFF_LOOP_BYTES, off_loop
-from proxy.pipeline import Exchange, History
+from proxy.pipeline import Exchange
 from proxy.stages.estimate import count_for_log
 from proxy.store.base import (
     ConversationRef,
@@ -506,50 +505,3 @@ class Archiver:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
-
-
-class ArchiveOriginals:
-    """First stage: how the client's messages are identified and archived.
-
-    Their identity (fingerprints and chain hashes, from the fingerprint cache) and the
-    rows the archive lacks are worked out when first needed: for a small request that
-    compacts nothing, once it is forwarded (`Archiver.begin`). A large one's are made now,
-    its rows off the loop (proxy.offload).
-    """
-
-    name = "archive"
-
-    def __init__(self, archiver: Archiver, fingerprints: FingerprintCache) -> None:
-        self.archiver = archiver
-        self.cache = fingerprints
-
-    async def __call__(self, ex: Exchange, /) -> None:
-        ex.identify = lambda: self._identify(ex)
-        # The first fingerprint or count asked for makes the identity, which seeds what
-        # the previous request counted (the planners' first checks need none of it).
-        ex.measure.seeder = lambda: ex.identity
-        archiver = self.archiver
-
-        async def write_now() -> None:
-            if ex.unarchived is None:
-                ex.unarchived = archiver.missing(
-                    ex.conversation, ex.fingerprints, ex.original, ex.body_bytes or None
-                )
-            await archiver.write(ex.conversation, ex.unarchived)
-
-        ex.archive_now = write_now
-        if ex.body_bytes >= OFF_LOOP_BYTES:
-            fps = ex.fingerprints
-            ex.unarchived = await off_loop(
-                ex.body_bytes,
-                lambda: archiver.missing(ex.conversation, fps, ex.original, ex.body_bytes),
-            )
-
-    def _identify(self, ex: Exchange) -> History:
-        ex.measure.seeder = None  # this is the seeding: its own misses hash directly
-        ident = self.cache.identity(
-            ex.conversation, ex.original, ex.model, ex.body_bytes, ex.measure.fingerprint
-        )
-        ex.measure.seed(ex.original, ident.fingerprints, ident.counts)
-        p = ident.pinned
-        return History(ex.original[:p], ex.original[p:], ident.chain, ident.fingerprints)

@@ -1,0 +1,57 @@
+"""The archive stage, first in the pipeline: how the client's messages are identified and
+archived (the archiver itself, its writer and journal: proxy/archive.py).
+
+Their identity (fingerprints and chain hashes, from the fingerprint cache) and the rows the
+archive lacks are worked out when first needed: for a small request that compacts nothing,
+once it is forwarded (`Archiver.begin`); by a compacting stage, in `ensure_archived`, before
+anything replaces an original.
+"""
+
+from __future__ import annotations
+
+from proxy.archive import Archiver
+from proxy.fingerprints import FingerprintCache
+from proxy.offload import OFF_LOOP_BYTES, off_loop
+from proxy.pipeline import Exchange, History
+
+
+class ArchiveOriginals:
+    """Sets the exchange's identity and archive hooks; a large body's identity and rows
+    are made now, its rows off the loop (proxy.offload)."""
+
+    name = "archive"
+
+    def __init__(self, archiver: Archiver, fingerprints: FingerprintCache) -> None:
+        self.archiver = archiver
+        self.cache = fingerprints
+
+    async def __call__(self, ex: Exchange, /) -> None:
+        ex.identify = lambda: self._identify(ex)
+        # The first fingerprint or count asked for makes the identity, which seeds what
+        # the previous request counted (the planners' first checks need none of it).
+        ex.measure.seeder = lambda: ex.identity
+        archiver = self.archiver
+
+        async def write_now() -> None:
+            if ex.unarchived is None:
+                ex.unarchived = archiver.missing(
+                    ex.conversation, ex.fingerprints, ex.original, ex.body_bytes or None
+                )
+            await archiver.write(ex.conversation, ex.unarchived)
+
+        ex.archive_now = write_now
+        if ex.body_bytes >= OFF_LOOP_BYTES:
+            fps = ex.fingerprints
+            ex.unarchived = await off_loop(
+                ex.body_bytes,
+                lambda: archiver.missing(ex.conversation, fps, ex.original, ex.body_bytes),
+            )
+
+    def _identify(self, ex: Exchange) -> History:
+        ex.measure.seeder = None  # this is the seeding: its own misses hash directly
+        ident = self.cache.identity(
+            ex.conversation, ex.original, ex.model, ex.body_bytes, ex.measure.fingerprint
+        )
+        ex.measure.seed(ex.original, ident.fingerprints, ident.counts)
+        p = ident.pinned
+        return History(ex.original[:p], ex.original[p:], ident.chain, ident.fingerprints)
