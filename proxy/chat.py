@@ -279,7 +279,7 @@ class ChatCompletions:
             )
         except RecapError as err:
             response = err
-        # Begun now if the trace never came (the send failed): the record is kept too.
+        # Begun now if the body never went out whole (the send failed): the record is kept too.
         return response, begin()
 
     def _begin(self, state: AppState, exchange: Exchange | None) -> Awaitable[bool] | None:
