@@ -87,6 +87,7 @@ from benchmarks.harness import (
     stack,
     write_config,
 )
+from proxy.upstream import KEEPALIVE_S
 from tests.fake_responses import Answer, FakeResponses
 from tests.fakes import Reply
 
@@ -143,9 +144,11 @@ def bare_app(upstream: str) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, httpx.AsyncClient]]:
-        # The pool and timeouts of Recap's upstream client (proxy/upstream.py).
+        # The pool and timeouts of Recap's upstream client (proxy/upstream.py): idle
+        # connections dropped before the upstream's uvicorn closes them (5 s), else a request
+        # sent on one it is closing fails (a text/plain 500 from Starlette, ending the run).
         limits = httpx.Limits(
-            max_connections=512, max_keepalive_connections=512, keepalive_expiry=30
+            max_connections=512, max_keepalive_connections=512, keepalive_expiry=KEEPALIVE_S
         )
         async with httpx.AsyncClient(
             timeout=httpx.Timeout(30, connect=10), limits=limits, trust_env=False
@@ -434,7 +437,8 @@ async def measure(
 ) -> Figures:
     """One API's figures."""
     bodies = Bodies(api)
-    limits = httpx.Limits(max_connections=args.concurrency * 2, keepalive_expiry=60)
+    # The direct target and the bare one close idle connections after uvicorn's 5 s.
+    limits = httpx.Limits(max_connections=args.concurrency * 2, keepalive_expiry=KEEPALIVE_S)
     async with httpx.AsyncClient(limits=limits, timeout=30, trust_env=False) as client:
         print(f"{api}: warm-up: {args.warmup} rounds ...", file=sys.stderr, flush=True)
         sent = 0
