@@ -39,7 +39,8 @@ def is_error_shape(r: httpx.Response, status: int) -> dict[str, object]:
 def archived(url: str, key: str) -> None:
     """Wait until the conversation's request event is on disk (written after the answer)."""
     path = f"{url}/recap/conversations/{quote(key, safe='')}/view"
-    while httpx.get(path, headers=ADMIN).status_code != 200:
+    # Waits for the event, not for a time: a busy machine only makes it slower.
+    while httpx.get(path, headers=ADMIN, timeout=60).status_code != 200:
         time.sleep(0.02)
 
 

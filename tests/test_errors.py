@@ -96,7 +96,7 @@ def test_stalled_stream_ends_at_read_timeout_with_error_event(
         {
             "store": f"sqlite:///{tmp_path}/r.db",
             "tenants": {
-                "default": {"upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 0.7}}
+                "default": {"upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 2.5}}
             },
         },
         env={},
@@ -104,7 +104,8 @@ def test_stalled_stream_ends_at_read_timeout_with_error_event(
     )
     url = proxy_factory(cfg)
     fake.script([Reply(content="a b c d", stall_after=2)])
-    # The stall is an hour long: the stream ending at all is the proxy's read timeout.
+    # The stall is an hour long: the stream ending at all is the proxy's read timeout (long
+    # enough that a busy machine's pause before the first events is not taken for it).
     with httpx.stream(
         "POST", f"{url}/chat/completions", json={**BODY, "stream": True}, timeout=10
     ) as r:
