@@ -53,6 +53,10 @@ def kind(item: Mapping[str, Any]) -> str:
     return "message" if "role" in item else ""
 
 
+def is_call(item: Mapping[str, Any]) -> bool:
+    return isinstance(item.get("call_id"), str) and not kind(item).endswith("_output")
+
+
 def is_output(item: Mapping[str, Any]) -> bool:
     return kind(item).endswith("_output") and isinstance(item.get("call_id"), str)
 
@@ -115,7 +119,6 @@ def group(items: Sequence[dict[str, Any]], sources: dict[int, list[Any]]) -> lis
     open_call: dict[str, Any] | None = None
     for item in items:
         t = kind(item)
-        output = t.endswith("_output")
         if t == "message" and isinstance(item.get("role"), str):
             role = item["role"]
             m: dict[str, Any] = {
@@ -123,14 +126,14 @@ def group(items: Sequence[dict[str, Any]], sources: dict[int, list[Any]]) -> lis
                 "content": neutral_content(item.get("content"), sources),
             }
             open_call = m if role == "assistant" else None
-        elif not output and isinstance(item.get("call_id"), str):  # a call
+        elif is_call(item):
             if open_call is not None and not pending:
                 open_call.setdefault("tool_calls", []).append(_call(item))
                 open_call[ITEMS].append(item)
                 continue
             m = {"role": "assistant", "content": None, "tool_calls": [_call(item)]}
             open_call = m
-        elif output and isinstance(item.get("call_id"), str):  # its result
+        elif is_output(item):
             m = {
                 "role": "tool",
                 "tool_call_id": item["call_id"],
