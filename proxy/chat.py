@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from proxy.calibration import calibrate
-from proxy.chat_body import READ_BODY, ChatBody, ReadBody, decode_body
+from proxy.chat_body import ChatBody, read_request
 from proxy.config import Tenant
 from proxy.dialects.base import Dialect, Parsed, PassReason, Recorder, Unparsed
 from proxy.dialects.chat import ChatDialect
@@ -40,9 +40,7 @@ from proxy.relay import (
     Responder,
     Scope,
     Send,
-    content_length,
     header_map,
-    read_body,
     until_disconnect,
 )
 from proxy.stages.estimate import count_for_log
@@ -80,14 +78,8 @@ class ChatCompletions:
         try:
             tenant = resolve_tenant(config, headers)
             fields["tenant"] = tenant.name
-            read: ReadBody | None = scope.get(READ_BODY)
-            if read is None:
-                raw = await read_body(receive, config.max_body_bytes, content_length(scope))
-                decoded, why = await decode_body(
-                    raw, headers.get("content-encoding", ""), config.max_body_bytes
-                )
-            else:
-                raw, decoded, why = read.raw, read.decoded, read.why
+            read = await read_request(scope, receive, config.max_body_bytes)
+            raw, decoded, why = read.raw, read.decoded, read.why
             dialect = self.dialect
             parsed: Parsed | Unparsed = Unparsed(PassReason.UNDECODABLE, why)
             if decoded is not None:

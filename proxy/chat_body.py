@@ -1,6 +1,6 @@
 """A request's body on the way in: decoded from its Content-Encoding, then parsed.
 
-chat.py reads the bytes; this module undoes their encoding (the route's adapter in
+`read_request` reads the bytes, once, and undoes their encoding (the route's adapter in
 proxy/dialects/ parses them). The client's own bytes are
 kept (`ChatBody.raw`) so an unchanged request goes upstream exactly as it came.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from proxy.dialects.base import Parsed
 from proxy.encoding import TooLarge, Undecodable, can_decode, decode, encodings
 from proxy.errors import PayloadTooLarge
+from proxy.relay import Receive, Scope, content_length, header_map, read_body
 
 # A compressed body larger than this is decoded in a thread, off the event loop.
 OFF_LOOP_BYTES = 256 * 1024
@@ -45,6 +46,17 @@ class ReadBody:
     raw: bytes
     decoded: bytes | None
     why: str = ""
+
+
+async def read_request(scope: Scope, receive: Receive, limit: int) -> ReadBody:
+    """The request's body: the one a layer in front read (`READ_BODY`), else read now and
+    decoded, at most `limit` bytes either way."""
+    read: ReadBody | None = scope.get(READ_BODY)
+    if read is not None:
+        return read
+    raw = await read_body(receive, limit, content_length(scope))
+    decoded, why = await decode_body(raw, header_map(scope).get("content-encoding", ""), limit)
+    return ReadBody(raw, decoded, why)
 
 
 async def decode_body(raw: bytes, content_encoding: str, limit: int) -> tuple[bytes | None, str]:

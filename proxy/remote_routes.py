@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.chat_body import READ_BODY, ReadBody, decode_body
+from proxy.chat_body import READ_BODY, ReadBody, read_request
 from proxy.config import Tenant
 from proxy.dialects.base import Parsed, Unparsed
 from proxy.dialects.chat import parse_json, write_json
@@ -46,9 +46,7 @@ from proxy.relay import (
     Responder,
     Scope,
     Send,
-    content_length,
     header_map,
-    read_body,
     until_disconnect,
 )
 from proxy.stages.remote import Compacted, RemoteCompactor
@@ -71,14 +69,6 @@ def _with_body(scope: Scope, body: bytes) -> Scope:
         "headers": [*headers, (b"content-length", str(len(body)).encode())],
         READ_BODY: ReadBody(body, body),
     }
-
-
-async def _read(scope: Scope, receive: Receive, state: AppState) -> ReadBody:
-    headers = header_map(scope)
-    limit = state.config.max_body_bytes
-    raw = await read_body(receive, limit, content_length(scope))
-    decoded, why = await decode_body(raw, headers.get("content-encoding", ""), limit)
-    return ReadBody(raw, decoded, why)
 
 
 def _input_of(decoded: bytes | None) -> tuple[dict[str, Any], bool, list[Any]] | None:
@@ -163,7 +153,7 @@ class ResponsesCompact(_Compaction):
                 await self.passthrough(scope, receive, send)
                 return
             fields.update(tenant=tenant.name, remote_compaction=RemoteAction.COMPACT.value)
-            read = await _read(scope, receive, state)
+            read = await read_request(scope, receive, state.config.max_body_bytes)
             found = _input_of(read.decoded)
             if found is None:
                 raise BadRequest("A compaction request needs a JSON body with an `input`.")
@@ -201,7 +191,7 @@ class CodexGate(_Compaction):
             await self.route(scope, receive, send)
             return
         try:
-            read = await _read(scope, receive, state)
+            read = await read_request(scope, receive, state.config.max_body_bytes)
             found = None
             if read.decoded is not None and may_hold_compaction(read.decoded):
                 found = _input_of(read.decoded)
