@@ -140,6 +140,13 @@ class Archiver:
                 rows[fp] = message_json(m, parsed_from)
         return list(rows.items())
 
+    def unarchived(self, ex: Exchange) -> list[tuple[str, str]]:
+        """The rows of the exchange's originals not known to be on disk: those the archive
+        stage worked out (`ex.unarchived`), else worked out now."""
+        if ex.unarchived is not None:
+            return list(ex.unarchived)
+        return self.missing(ex.conversation, ex.fingerprints, ex.original, ex.body_bytes or None)
+
     def _remember(self, conv: ConversationRef, rows: Sequence[tuple[str, str]]) -> None:
         self._known.learn(conv, (fp for fp, _ in rows))
 
@@ -167,10 +174,7 @@ class Archiver:
         count_for_log(ex)  # tokens_after; mostly seeded counts, so cheap
         conv = ex.conversation
         session, trim = ex.outcome("session"), ex.outcome("trim")
-        if ex.unarchived is None:  # not needed before it was forwarded
-            rows = self.missing(conv, ex.fingerprints, ex.original, ex.body_bytes or None)
-        else:
-            rows = list(ex.unarchived)
+        rows = self.unarchived(ex)  # for most requests, first worked out now
         sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
         if ex.changed:
             rows += self.missing(conv, sent, ex.messages)

@@ -33,19 +33,13 @@ class ArchiveOriginals:
         archiver = self.archiver
 
         async def write_now() -> None:
-            if ex.unarchived is None:
-                ex.unarchived = archiver.missing(
-                    ex.conversation, ex.fingerprints, ex.original, ex.body_bytes or None
-                )
+            ex.unarchived = archiver.unarchived(ex)
             await archiver.write(ex.conversation, ex.unarchived)
 
         ex.archive_now = write_now
         if ex.body_bytes >= OFF_LOOP_BYTES:
-            fps = ex.fingerprints
-            ex.unarchived = await off_loop(
-                ex.body_bytes,
-                lambda: archiver.missing(ex.conversation, fps, ex.original, ex.body_bytes),
-            )
+            _ = ex.identity  # made on the loop: the fingerprint cache is the loop's
+            ex.unarchived = await off_loop(ex.body_bytes, lambda: archiver.unarchived(ex))
 
     def _identify(self, ex: Exchange) -> History:
         ex.measure.seeder = None  # this is the seeding: its own misses hash directly
