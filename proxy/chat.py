@@ -314,7 +314,7 @@ class ChatCompletions:
             content=content,
         )
         with mapped_errors(upstream):
-            return await client.send(request, stream=True)
+            return await client.send(request)
 
     async def _recover(
         self,

@@ -30,7 +30,13 @@ from proxy.relay import (
     until_disconnect,
 )
 from proxy.state import AppState
-from proxy.upstream import mapped_errors, request_headers, response_headers, upstream_url
+from proxy.upstream import (
+    UpstreamClient,
+    mapped_errors,
+    request_headers,
+    response_headers,
+    upstream_url,
+)
 
 
 class Passthrough:
@@ -75,14 +81,14 @@ class Passthrough:
 
     async def _forward(
         self,
-        client: httpx.AsyncClient,
+        client: UpstreamClient,
         upstream: Upstream,
         request: httpx.Request,
         responder: Responder,
     ) -> None:
         # A RecapError raised here is answered where it is also logged (and counted).
         with mapped_errors(upstream):
-            response = await client.send(request, stream=True)
+            response = await client.send(request)
         try:
             await responder.start(
                 response.status_code, response_headers(response.headers, decoded=False)

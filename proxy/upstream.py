@@ -1,4 +1,4 @@
-"""Forwarding to the upstream API: clients, headers, and the one httpx boundary.
+"""Forwarding to the upstream API: pooled clients, headers, and the one httpx boundary.
 
 IO edge of the data path. Every httpx exception that can escape a model call is
 translated to a RecapError here (`mapped_errors`), so the rest of the proxy never
@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from urllib.parse import urlsplit
 
 import httpx
@@ -54,16 +62,16 @@ SHARDS = 8
 
 
 class UpstreamPool:
-    """Pooled httpx clients per distinct upstream config, built at start-up."""
+    """Pooled clients per distinct upstream config, built at start-up."""
 
     def __init__(self, upstreams: Iterable[Upstream]) -> None:
-        self._clients: dict[Upstream, tuple[httpx.AsyncClient, ...]] = {}
+        self._clients: dict[Upstream, tuple[UpstreamClient, ...]] = {}
         self._turn = itertools.count()
         for u in upstreams:
             if u not in self._clients:
                 self._clients[u] = _make_clients(u)
 
-    def client(self, upstream: Upstream) -> httpx.AsyncClient:
+    def client(self, upstream: Upstream) -> UpstreamClient:
         clients = self._clients.get(upstream)
         if clients is None:  # an upstream not known at start-up (e.g. a summarizer override)
             clients = self._clients[upstream] = _make_clients(upstream)
@@ -75,26 +83,62 @@ class UpstreamPool:
                 await client.aclose()
 
 
-def _make_clients(u: Upstream) -> tuple[httpx.AsyncClient, ...]:
+class UpstreamClient:
+    """One shard of an upstream's connections: httpx builds the request (the upstream's
+    timeouts in it), its transport sends it.
+
+    Sent past httpx's client layer, which does what a browser's client should and a shared
+    proxy must not: its cookie jar kept every upstream's Set-Cookie and sent it with the
+    next request on the same pool, whoever that was for (a CDN's bot cookie set for one
+    client went out with another tenant's request). The cookie still goes back to the client
+    it was set for, as a response header. Redirects are the client's to follow, and auth is in
+    the headers, so nothing else of that layer applies."""
+
+    def __init__(self, u: Upstream, *, max_connections: int) -> None:
+        read = u.timeout_s
+        timeout = httpx.Timeout(
+            connect=u.connect_timeout_s, read=read, write=read, pool=u.connect_timeout_s
+        )
+        limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=KEEPALIVE_S,
+        )
+        # trust_env=False: a proxy must not pick up HTTP(S)_PROXY meant for its host's tools.
+        self._transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+        self._client = httpx.AsyncClient(
+            transport=self._transport, timeout=timeout, trust_env=False, follow_redirects=False
+        )
+
+    def build_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: httpx.Headers | Sequence[tuple[bytes, bytes]],
+        content: bytes | httpx.AsyncByteStream | AsyncIterable[bytes] | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> httpx.Request:
+        if timeout is None:
+            return self._client.build_request(method, url, headers=headers, content=content)
+        return self._client.build_request(
+            method, url, headers=headers, content=content, timeout=timeout
+        )
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """The response, its body not yet read (`aiter_raw`, `aread`; `aclose` when done)."""
+        response = await self._transport.handle_async_request(request)
+        response.request = request
+        return response
+
+    async def aclose(self) -> None:
+        await self._client.aclose()  # closes the transport too
+
+
+def _make_clients(u: Upstream) -> tuple[UpstreamClient, ...]:
     shards = max(1, min(SHARDS, u.max_connections))
     size = -(-u.max_connections // shards)  # ceil: never fewer connections than asked
-    return tuple(_make_client(u, max_connections=size) for _ in range(shards))
-
-
-def _make_client(u: Upstream, *, max_connections: int) -> httpx.AsyncClient:
-    read = u.timeout_s
-    timeout = httpx.Timeout(
-        connect=u.connect_timeout_s, read=read, write=read, pool=u.connect_timeout_s
-    )
-    limits = httpx.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=max_connections,
-        keepalive_expiry=KEEPALIVE_S,
-    )
-    # trust_env=False: a proxy must not pick up HTTP(S)_PROXY meant for its host's tools.
-    return httpx.AsyncClient(
-        timeout=timeout, limits=limits, trust_env=False, follow_redirects=False
-    )
+    return tuple(UpstreamClient(u, max_connections=size) for _ in range(shards))
 
 
 # A large body goes upstream in slices, so the transport never copies it whole on the loop.

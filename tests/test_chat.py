@@ -16,6 +16,7 @@ import pytest
 
 from proxy.store import open_store
 from proxy.store.base import ConversationRef, Event
+from proxy.upstream import SHARDS
 from tests.fakes import FakeUpstream, Reply
 from tests.faults import wait_until
 
@@ -51,6 +52,29 @@ def test_non_stream_body_and_headers_pass_through(proxy_url: str, fake: FakeUpst
     assert sent.json["temperature"] == 0.3
     assert sent.json["messages"] == MESSAGES
     assert sent.headers["authorization"] == "Bearer sk-client"
+
+
+def test_an_upstream_cookie_goes_to_its_client_and_is_never_sent_for_another(
+    proxy_url: str, fake: FakeUpstream
+) -> None:
+    """Recap is shared: a Set-Cookie (a CDN's bot cookie, say) is the one client's, so it is
+    passed back to it and never kept in Recap's pooled connections for the next request."""
+    fake.script([Reply(headers={"set-cookie": "__cf_bm=client-a; Path=/; HttpOnly"}), Reply()])
+    first = client(proxy_url).chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=MESSAGES
+    )
+    assert first.headers["set-cookie"] == "__cf_bm=client-a; Path=/; HttpOnly"
+    other = openai.OpenAI(base_url=proxy_url, api_key="sk-other", max_retries=0)
+    for _ in range(SHARDS):  # every pooled client, whichever took the first request
+        other.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+        echoed = httpx.get(f"{proxy_url}/echo/anything").json()["headers"]
+        assert "cookie" not in echoed
+    sent = fake.chat_requests()
+    assert len(sent) == 1 + SHARDS
+    assert not [r for r in sent[1:] if "cookie" in r.headers]
+    # A cookie the client sends itself is its own, and goes through.
+    own = httpx.get(f"{proxy_url}/echo/anything", headers={"cookie": "mine=1"}).json()
+    assert own["headers"]["cookie"] == "mine=1"
 
 
 def test_stream_with_tool_calls_and_usage(proxy_url: str, fake: FakeUpstream) -> None:

@@ -35,7 +35,7 @@ from proxy.planning.framing import check_summary, complete_sections, extract_sum
 from proxy.planning.guard import guard_summary
 from proxy.scenes import Scene, render_values
 from proxy.store.base import ConversationRef
-from proxy.upstream import UpstreamPool, mapped_errors, upstream_url
+from proxy.upstream import UpstreamClient, UpstreamPool, mapped_errors, upstream_url
 
 # Marks the proxy's own calls, so an upstream gateway can tell them from the client's.
 PURPOSE_HEADER = "x-recap-purpose"
@@ -76,6 +76,15 @@ class _Answer:
     output_tokens: int
     model: str
     duration_ms: int
+
+
+async def _read(client: UpstreamClient, request: httpx.Request) -> httpx.Response:
+    response = await client.send(request)
+    try:
+        await response.aread()
+    finally:
+        await response.aclose()
+    return response
 
 
 class Summarizer:
@@ -180,14 +189,16 @@ class Summarizer:
         async with self._slots.setdefault(tenant.name, asyncio.Semaphore(1)):
             try:
                 with mapped_errors(upstream):
+                    request = client.build_request(
+                        "POST",
+                        upstream_url(upstream, "/v1/chat/completions", b""),
+                        content=json_bytes(body),
+                        # latin-1: the client's Authorization is forwarded byte for byte.
+                        headers=httpx.Headers(headers, encoding="latin-1"),
+                        timeout=timeout,
+                    )
                     response = await asyncio.wait_for(
-                        client.post(
-                            upstream_url(upstream, "/v1/chat/completions", b""),
-                            content=json_bytes(body),
-                            # latin-1: the client's Authorization is forwarded byte for byte.
-                            headers=httpx.Headers(headers, encoding="latin-1"),
-                            timeout=timeout,
-                        ),
+                        _read(client, request),
                         # A hard bound too: a trickling response must not outlive the budget.
                         timeout=tenant.summarizer.timeout_s + upstream.connect_timeout_s,
                     )
