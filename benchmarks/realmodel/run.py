@@ -313,19 +313,24 @@ def replay_all(
     done: Callable[[list[Result]], object] = lambda results: None,
 ) -> list[Result]:
     """Every item through one set of servers; `done` sees the results after each item."""
-    installed = ensure(Path(args.dir), MODELS[args.model])
     llama_port, fake_port, recap_port = free_port(), free_port(), free_port()
-    llama_cmd = llama_command(installed.python, installed.model, args.model, llama_port, args.n_ctx)
     weigh = Weigher(TokenCounter())
     results = []
     with contextlib.ExitStack() as stack:
-        llama = stack.enter_context(
-            running("llama", llama_cmd, llama_port, workdir, ready_s=900, health="/v1/models")
-        )
         fake = stack.enter_context(
             running("fake", fake_command("benchmarks.replay", fake_port), fake_port, workdir)
         )
-        config = recap_config(args, fake.url, llama.url, workdir)
+        summarizer = fake.url  # --fake-summarizer: the fake's extractive summaries
+        if not args.fake_summarizer:
+            installed = ensure(Path(args.dir), MODELS[args.model])
+            llama_cmd = llama_command(
+                installed.python, installed.model, args.model, llama_port, args.n_ctx
+            )
+            llama = stack.enter_context(
+                running("llama", llama_cmd, llama_port, workdir, ready_s=900, health="/v1/models")
+            )
+            summarizer = llama.url
+        config = recap_config(args, fake.url, summarizer, workdir)
         recap = stack.enter_context(
             running("recap", recap_command(config, recap_port), recap_port, workdir)
         )
@@ -541,10 +546,15 @@ def report(
         f"`{command_line(argv)}`",
         "",
         f"Revision {git_revision()}; Python {platform.python_version()}; {secs:.0f} s in all. "
-        f"Summarizer: {spec.filename} ({spec.prefix}1..{spec.parts}=={spec.version} on PyPI) "
-        f"served by llama-cpp-python 0.3.36 (`--n_ctx {args.n_ctx} --n_threads 2 "
-        "--n_threads_batch 2 --flash_attn true`), as `summarizer.upstream`; the agent's "
-        "upstream is the replay's fake, answering with the recorded messages. Recap's "
+        + (
+            "Summarizer: the replay's extractive fake (`--fake-summarizer`: a dry run, not a "
+            "model's summaries), as `summarizer.upstream`; the agent's "
+            if args.fake_summarizer
+            else f"Summarizer: {spec.filename} ({spec.prefix}1..{spec.parts}=={spec.version} "
+            f"on PyPI) served by llama-cpp-python 0.3.36 (`--n_ctx {args.n_ctx} --n_threads 2 "
+            "--n_threads_batch 2 --flash_attn true`), as `summarizer.upstream`; the agent's "
+        )
+        + "upstream is the replay's fake, answering with the recorded messages. Recap's "
         "packaged scenes and quality guard at this revision; the tenant sets "
         "`compaction.session.recent_turns` "
         f"{args.recent_turns}, `min_saving_tokens` {args.min_saving_tokens}, "
@@ -687,6 +697,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--min-saving-tokens", type=int, default=300)
     p.add_argument("--max-summary-chars", type=int, default=1200)
     p.add_argument("--summarizer-timeout", type=float, default=900)
+    p.add_argument(
+        "--fake-summarizer",
+        action="store_true",
+        help="a dry run in minutes: the replay's extractive fake summarizes, not the model "
+        "(the windows, the last resort and the harness, not the summaries' quality)",
+    )
     p.add_argument("--out", default=str(OUT), help="output directory (default benchmarks/out)")
     p.add_argument("--no-docs", dest="docs", action="store_false", help="do not copy to docs/")
     p.add_argument("--workdir", help="keep configs, databases and logs here (default: temp dir)")
