@@ -81,15 +81,20 @@ def check_summary(text: str, finish_reason: str | None, max_chars: int) -> str |
 _HEADING = re.compile(r"^[ \t]*#{1,6}[ \t]+\S", re.MULTILINE)
 
 
-def complete_sections(text: str) -> str:
-    """What is left of a summary cut off mid-way (`finish_reason: length`) when the section
-    it was cut in goes: everything before its last heading, or "" when no section before
-    that one is complete. The cut section may have lost any part of itself, so it goes
-    whole, even when the cut fell at its very end."""
+def complete_sections(text: str, max_chars: int = 0, *, cut: bool = True) -> str:
+    """What can stand in for a summary that is cut off or too long: its whole sections from
+    the start, as many as fit `max_chars` (<= 0: no bound); "" when not one does.
+
+    `cut` (`finish_reason: length`): the section the cut fell in goes too, and with it
+    everything from the last heading on, even when the cut fell at its very end (it may
+    have lost any part of itself); a text with no heading before that has no complete
+    section. A text that is not cut is whole: its last section counts too."""
     starts = [m.start() for m in _HEADING.finditer(text)]
-    if len(starts) < 2:
+    ends = starts[1:] if cut else [*starts[1:], len(text)]
+    if not starts or not ends:
         return ""
-    return text[: starts[-1]].strip()
+    fitting = [e for e in ends if max_chars <= 0 or len(text[:e].strip()) <= max_chars]
+    return text[: fitting[-1]].strip() if fitting else ""
 
 
 # Anything that reads as our frame tag once folded: an opening bracket (or an HTML

@@ -9,10 +9,10 @@ from paying for a failing call on every turn.
 
 A summary cut by its token limit (`finish_reason: length`: typically a small model
 copying tool output into it) is asked for once more, with the scene's `length_retry`
-text after the prompt and half the character target. If that one is cut too, its
-complete sections stand in for it when they make a valid summary (else the first
-answer's); only then does the call fail. Both tries count in the result
-(`retried`, `salvaged`) and in the failure.
+text after the prompt and half the character target. If that one is cut too, or stops
+but is still over `max_chars`, its whole sections that fit stand in for it when they make
+a valid summary (else the first answer's); only then does the call fail. Both tries count
+in the result (`retried`, `salvaged`) and in the failure.
 """
 
 from __future__ import annotations
@@ -131,9 +131,10 @@ class Summarizer:
                 raise SummarizerFailed(exc.reason, retried=True) from None
             answer = _merged(first, second)
             problem = check_summary(second.text, second.finish, max_chars)
-            if problem is not None and second.finish == "length":
+            if problem is not None and second.finish in ("length", "stop"):
+                # Cut again, or whole but still too long: the whole sections that fit.
                 for cut in (second, first):
-                    kept = complete_sections(cut.text)
+                    kept = complete_sections(cut.text, max_chars, cut=cut.finish == "length")
                     if check_summary(kept, "stop", max_chars) is None:
                         answer = dataclasses.replace(answer, text=kept)
                         problem, salvaged = None, True

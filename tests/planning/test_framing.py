@@ -247,3 +247,19 @@ def test_complete_sections_drops_the_section_the_cut_fell_in() -> None:
     assert (
         complete_sections("## A\nissue #12 and C# code\n## B\nz") == "## A\nissue #12 and C# code"
     )
+
+
+def test_complete_sections_keeps_the_whole_sections_that_fit() -> None:
+    from proxy.planning.framing import complete_sections
+
+    whole = "## A\n" + "a" * 40 + "\n## B\n" + "b" * 40 + "\n## C\n" + "c" * 40
+    # Not cut: the last section is whole and counts, as far as the bound allows.
+    assert complete_sections(whole, 0, cut=False) == whole
+    assert complete_sections(whole, len(whole), cut=False) == whole
+    assert complete_sections(whole, len(whole) - 1, cut=False) == whole[: whole.index("\n## C")]
+    assert complete_sections(whole, 50, cut=False) == "## A\n" + "a" * 40
+    assert complete_sections(whole, 20, cut=False) == ""  # not even the first fits
+    # Cut: the last section goes whatever the bound.
+    assert complete_sections(whole, 1000) == whole[: whole.index("\n## C")]
+    assert complete_sections(whole, 50) == "## A\n" + "a" * 40
+    assert complete_sections("no headings", 100, cut=False) == ""

@@ -111,6 +111,35 @@ def test_a_retry_cut_too_keeps_its_complete_sections(
     assert row["detail"] == "after a length retry, complete sections kept"
 
 
+def test_a_retry_still_too_long_keeps_the_whole_sections_that_fit(
+    upstream: tuple[SummarizerFake, str],
+    start: Callable[..., str],
+    logs: LogCapture,
+    tmp_path: Path,
+) -> None:
+    """The 1.5B model's loop summary: cut, then a second answer that stops on its own but is
+    over max_summary_chars. Its first sections stand in for it; the compaction does not fail."""
+    fake, url = upstream
+    long = (
+        "<summary>\n## User Goal\nChange flight R00042.\n## Confirmed Facts\n"
+        "Passenger Ana, gold member.\n## Progress\n" + "copied tool output\n" * 80 + "</summary>"
+    )
+    fake.answer = scripted(
+        Answer(content=CUT, finish_reason="length"), Answer(content=long, finish_reason="stop")
+    )
+    proxy = start(url, session={"max_summary_chars": 600})
+    r = post(proxy, history(), "long-twice")
+    assert r.headers["x-recap-compaction"] == "session"
+    forwarded = fake.fake.chat_requests()[-1].json["messages"]
+    (i,) = summaries_in(forwarded)
+    summary = forwarded[i]["content"]
+    assert "Change flight R00042." in summary and "Passenger Ana, gold member." in summary
+    assert "copied tool output" not in summary
+    assert logs.access()[-1]["summaries_salvaged"] == 1
+    (row,) = audit_rows(tmp_path, "long-twice")
+    assert (row["outcome"], row["detail"]) == ("ok", "after a length retry, complete sections kept")
+
+
 def test_a_retry_that_fails_otherwise_fails_the_compaction_and_says_it_retried(
     upstream: tuple[SummarizerFake, str],
     start: Callable[..., str],
