@@ -34,6 +34,9 @@ Control = Literal["off", "auto", "force"]
 
 T = TypeVar("T")
 
+# The share of the window kept for the answer when the request names no output limit.
+DEFAULT_OUTPUT_SHARE = 0.1
+
 
 async def _no_notify(_: str) -> None:
     return None
@@ -113,6 +116,16 @@ class Exchange:
     def params(self) -> dict[str, Any]:
         """The request's fields other than its history (model, tools, sampling, ...)."""
         return {k: v for k, v in self.body.items() if k != self.dialect.history_key}
+
+    @property
+    def room(self) -> int:
+        """The tokens the view may hold: the window less what the answer may take (the
+        request's own output limit, at most half the window; else DEFAULT_OUTPUT_SHARE)."""
+        for key in self.dialect.output_limit_keys:
+            value = self.body.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return self.context_window - min(value, self.context_window // 2)
+        return self.context_window - int(self.context_window * DEFAULT_OUTPUT_SHARE)
 
     @property
     def stream(self) -> bool:

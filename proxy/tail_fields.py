@@ -93,6 +93,7 @@ WORDS: Mapping[str, str] = {
     # triggers
     "context_ratio": "context near full",
     "min_new_tokens": "enough new history",
+    "over_window": "over the window",
     "forced": "asked for",
     "tool_rounds": "many tool rounds",
     "tokens": "tool loop too large",

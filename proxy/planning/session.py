@@ -26,6 +26,15 @@ Rules, and why:
 - Progress: when the request is over the trigger but keeping that much leaves nothing to
   compact, fewer turns are kept (as many as still leave enough to compact; at least the
   current turn).
+- The window wins (`room`: the tokens the view may hold, the window less the answer's
+  reserve): raw recent turns that would leave the view over it are folded too (as few as
+  make it fit; at least the current turn stays), since the last resort would drop them
+  whole (seed 000 §14.4, §16.3). Over the room, the anti-loop and saving rules give way:
+  the fold still makes progress, and losing less than a dropped turn is the saving.
+- Tool continuations (`continuation`) are planned for the window alone: a view over the
+  room folds every turn before the running one (trigger "over_window"), so a long tool
+  loop after short turns keeps what they said instead of losing them to the last resort;
+  otherwise nothing is done, and the running turn is loop working memory's.
 - No compaction loops: a compaction that is not forced consumes at least min_new_tokens
   tokens (first trigger) or max(min_new_messages, min_compact_messages) messages (second),
   and saves min_saving_tokens. What it consumes leaves the raw history for good, and that
@@ -68,7 +77,7 @@ from proxy.planning.budget import TranscriptBudget
 # estimate (English prose; Chinese is denser, which only makes the estimate cautious).
 CHARS_PER_TOKEN = 3.5
 
-SessionTrigger = Literal["min_new_tokens", "context_ratio", "forced"]
+SessionTrigger = Literal["min_new_tokens", "context_ratio", "over_window", "forced"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,8 @@ def plan_session(
     count_text: Callable[[str], int],
     force: bool = False,
     budget: Callable[[], TranscriptBudget] | None = None,
+    room: int | None = None,
+    continuation: bool = False,
 ) -> SessionPlan:
     """Decide whether and what to compact for this request (see the module docstring).
 
@@ -116,7 +127,8 @@ def plan_session(
     retention of recent turns and `enabled`: it folds everything before the current
     turn, and skips only when nothing there is left to fold. `budget` gives the bound of
     each batch's transcript in tokens (indices into `body`), asked for only when there are
-    batches to cut. Raises ValueError if
+    batches to cut. `room` bounds the view (None: no bound); `continuation` plans a tool
+    continuation (for the window only). Raises ValueError if
     `applied` covers more than the body holds.
     """
     covered = applied.covered if applied is not None else 0
@@ -135,30 +147,43 @@ def plan_session(
     cuts = [c for c in turn_cut_points(body) if c >= covered]
     if not cuts:
         return skip("nothing_to_compact")
+    over_room = room is not None and before > room
+    if continuation and not (over_room or force):
+        return skip("below_threshold")
     threshold = context_window * policy.trigger_ratio
-    over = before >= threshold
+    over = before >= threshold or over_room
     needed = 1 if force else max(policy.min_compact_messages, policy.min_new_messages, 1)
 
-    # Forced (manual) compaction folds everything before the current turn.
-    cut = cuts[-1] if force else _raw_from(cuts, covered, tokens, policy, context_window)
-    if cut <= covered and over:
-        # Keep fewer turns so the summary makes progress: as many as still leave enough.
-        cut = next((c for c in cuts if c - covered >= needed), cuts[-1])
+    # Forced (manual) compaction folds everything before the current turn; so does a tool
+    # continuation over the room.
+    if force or continuation:
+        cut = cuts[-1]
+    else:
+        cut = _raw_from(cuts, covered, tokens, policy, context_window)
+        if cut <= covered and over:
+            # Keep fewer turns so the summary makes progress: as many as still leave enough.
+            cut = next((c for c in cuts if c - covered >= needed), cuts[-1])
+        if over_room and room is not None:
+            cut = _fitting(cuts, cut, covered, tokens, (fixed, summary_tokens), room, policy)
     slice_messages = cut - covered
     slice_tokens = tokens.span(covered, cut)
 
     trigger: SessionTrigger | None = None
     if force:
         trigger = "forced"
+    elif continuation:
+        trigger = "over_window"
     elif slice_tokens >= policy.min_new_tokens and slice_messages > 0:
         trigger = "min_new_tokens"
-    elif over:
+    elif before >= threshold:
         trigger = "context_ratio"
+    elif over_room:
+        trigger = "over_window"
     if trigger is None:
         return skip("below_threshold")
     if slice_messages <= 0:
         return skip("nothing_to_compact", trigger)
-    if not force:
+    if not (force or over_room):
         new_messages = cuts[-1] - covered
         if trigger == "context_ratio" and (
             new_messages < policy.min_new_messages or slice_messages < needed
@@ -166,8 +191,9 @@ def plan_session(
             # Over the trigger, but too little history since the boundary to be worth a call.
             return skip("anti_loop" if applied is not None else "too_few_messages", trigger)
     growth = _summary_after(summary_tokens, slice_tokens, policy) - summary_tokens
-    # Forced (manual) compaction means it: no saving estimate stands in its way.
-    if not force and slice_tokens - growth < policy.min_saving_tokens:
+    # Forced (manual) compaction means it, and over the room the window does: no saving
+    # estimate stands in their way.
+    if not (force or over_room) and slice_tokens - growth < policy.min_saving_tokens:
         return skip("saving_below_min", trigger)
 
     batches = _batches(body, covered, cut, policy, budget() if budget is not None else None)
@@ -215,16 +241,20 @@ def quiet_reason(
     policy: SessionCompaction,
     context_window: int,
     bound: int,
+    room: int | None = None,
 ) -> str | None:
-    """The skip reason `plan_session` gives an unforced request with no applied summary,
-    told from `bound`, an upper bound of its messages' tokens (`Measure.at_most`), without
-    counting any: None when it cannot be told so (then plan, and count)."""
+    """The skip reason `plan_session` gives an unforced turn start with no applied summary
+    (and the same `room`), told from `bound`, an upper bound of its messages' tokens
+    (`Measure.at_most`), without counting any: None when it cannot be told so (then plan,
+    and count)."""
     if not policy.enabled:
         return "disabled"
     if not turn_cut_points(body):
         return "nothing_to_compact"
-    # Neither trigger can fire: the slice to fold and the whole are within the bound.
-    if bound < min(policy.min_new_tokens, context_window * policy.trigger_ratio):
+    # No trigger can fire: the slice to fold and the whole are within the bound.
+    if bound < min(policy.min_new_tokens, context_window * policy.trigger_ratio) and (
+        room is None or bound <= room
+    ):
         return "below_threshold"
     return None
 
@@ -249,6 +279,29 @@ def _raw_from(
             by_ratio = c
             break
     return min(by_turns, by_ratio)
+
+
+def _fitting(
+    cuts: list[int],
+    cut: int,
+    covered: int,
+    tokens: _Prefix,
+    fixed: tuple[int, int],
+    room: int,
+    policy: SessionCompaction,
+) -> int:
+    """The first cut point from `cut` on whose view (`fixed`: the pinned messages' and the
+    applied summary's tokens; then the summary grown by the fold, and the raw rest) fits
+    `room`; the current turn's start when none does."""
+    end = len(tokens.sums) - 1
+    pinned, summary = fixed
+    for c in cuts:
+        if c < cut:
+            continue
+        grown = _summary_after(summary, tokens.span(covered, c), policy)
+        if pinned + grown + tokens.span(c, end) <= room:
+            return c
+    return cuts[-1]
 
 
 def _summary_after(summary_tokens: int, added: int, policy: SessionCompaction) -> int:

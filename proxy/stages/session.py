@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.config import SessionCompaction, Tenant
+from proxy.conversation import turn_starts
 from proxy.identity import is_derived
 from proxy.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
@@ -115,7 +116,7 @@ class SessionStage:
             quiet = None
             if not forced and applied is None:
                 bound = ex.measure.at_most(ex.original)
-                quiet = quiet_reason(body, policy, ex.context_window, bound)
+                quiet = quiet_reason(body, policy, ex.context_window, bound, ex.room)
             if breaker.open(ex.conversation):
                 outcome = CompactionOutcome("session", "skipped", skip_reason="circuit_open")
             elif quiet is not None:
@@ -125,6 +126,11 @@ class SessionStage:
                 applied, outcome = await self._maybe_compact(
                     ex, policy, pinned, body, applied, breaker
                 )
+        elif ex.measure.at_most(ex.original) > ex.room and not breaker.open(ex.conversation):
+            # A tool continuation that may be over the window: the turns before the running
+            # one are folded rather than dropped by the last resort (planning/session.py).
+            applied, over = await self._maybe_compact(ex, policy, pinned, body, applied, breaker)
+            outcome = None if over.skip_reason == "below_threshold" else over
         if applied is not None:
             # Applying a stored summary shortens the view: that is this layer's work too.
             if outcome is None or outcome.action == "skipped":
@@ -165,6 +171,8 @@ class SessionStage:
             ex.measure.text,
             force=ex.control == "force",
             budget=budget,
+            room=ex.room,
+            continuation=ex.classification == Classification.TOOL_CONTINUATION,
         )
 
     def _values(
@@ -173,10 +181,13 @@ class SessionStage:
         """The scene's values but the transcript."""
         # On a derived key other users share this summary: the current message is only
         # this user's, so it is no summarizer input there (it stays raw, as always).
+        # The message being answered; in a tool loop, the one that started the turn.
+        starts = turn_starts(body)
+        asked = body[starts[-1] if starts else -1]
         current = (
             ""
             if is_derived(ex.conversation)
-            else head_tail(content_text(body[-1].get("content")), policy.max_item_chars)
+            else head_tail(content_text(asked.get("content")), policy.max_item_chars)
         )
         return {
             "existing_summary": summary,

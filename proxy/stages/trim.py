@@ -29,10 +29,6 @@ from proxy.store.base import CompactionRecord, Store
 
 log = logging.getLogger("recap.trim")
 
-# The share of the window kept for the answer when the request names no output limit.
-DEFAULT_OUTPUT_SHARE = 0.1
-
-
 class TrimStage:
     name = "trim"
 
@@ -77,14 +73,6 @@ class TrimStage:
         )
 
 
-def output_reserve(ex: Exchange) -> int:
-    for key in ex.dialect.output_limit_keys:
-        value = ex.body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return min(value, ex.context_window // 2)
-    return int(ex.context_window * DEFAULT_OUTPUT_SHARE)
-
-
 class FitToWindow:
     name = "fit_to_window"
 
@@ -94,7 +82,7 @@ class FitToWindow:
     async def __call__(self, ex: Exchange, /) -> None:
         if ex.control == "off":
             return
-        budget = ex.context_window - output_reserve(ex)
+        budget = ex.room
         if ex.measure.at_most(ex.messages) <= budget:
             return
         starts = turn_starts(ex.messages)

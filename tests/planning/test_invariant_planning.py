@@ -29,12 +29,13 @@ from hypothesis import strategies as st
 from proxy.config import LoopCompaction, SessionCompaction, TrimCompaction
 from proxy.conversation import tool_rounds, turn_starts
 from proxy.messages import Classification, Message, chain_of, classify, fingerprint, split_pinned
+from proxy.pipeline import DEFAULT_OUTPUT_SHARE
 from proxy.planning.fidelity import plan_fidelity
 from proxy.planning.framing import summary_message
 from proxy.planning.loop import LoopState, loop_view, plan_loop
 from proxy.planning.session import AppliedSummary, plan_session, session_view
 from proxy.planning.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
-from proxy.stages.trim import DEFAULT_OUTPUT_SHARE, DROP_REASONS
+from proxy.stages.trim import DROP_REASONS
 from proxy.store.base import pick_matching
 from tests.invariant import BEHAVIOURS, check_nothing_lost, client_requests
 

@@ -514,12 +514,12 @@ def test_quiet_reason_is_the_reason_plan_session_gives(
     for messages in prefixes:
         pinned, body = split_pinned(messages)
         total = sum(count(m) for m in messages)
-        for bound in (total, total + 500, 2 * total):
-            reason = quiet_reason(body, policy, WINDOW, bound)
+        for bound, room in itertools.product((total, total + 500, 2 * total), (None, 1500)):
+            reason = quiet_reason(body, policy, WINDOW, bound, room)
             if reason is None:
                 continue
             told += 1
-            plan = plan_session(pinned, body, None, policy, WINDOW, count, count_text)
+            plan = plan_session(pinned, body, None, policy, WINDOW, count, count_text, room=room)
             assert not plan.compacts and plan.skip_reason == reason
     assert told > 50
     assert quiet_reason(body, dataclasses.replace(policy, enabled=False), WINDOW, 0) == "disabled"
@@ -527,3 +527,75 @@ def test_quiet_reason_is_the_reason_plan_session_gives(
 
 def _turn_prefixes(messages: list[Message]) -> list[list[Message]]:
     return [messages[: start + 1] for start in turn_starts(messages)]
+
+
+# -- the window wins: what would be dropped whole is folded ----------------------------------
+
+# SMALL, with batches large and many enough for whole sessions.
+WIDE = dataclasses.replace(SMALL, max_batch_messages=200, max_rounds_per_request=8)
+
+
+def _view_tokens(pinned: list[Message], body: list[Message], plan: SessionPlan) -> int:
+    """The view's estimate after the plan, its summary at the planner's own cap."""
+    summary = min(
+        SMALL.max_summary_chars // 3.5, sum(count(m) for m in body[: plan.new_covered])
+    )
+    return int(sum(map(count, pinned)) + summary + sum(map(count, body[plan.new_covered :])))
+
+
+def test_recent_turns_over_the_room_are_folded_rather_than_dropped() -> None:
+    messages = _big_turns(5, lines=30)
+    pinned, body = split_pinned(messages)
+    whole = sum(map(count, messages))
+    last_two = turn_starts(body)[-3]  # the two turns before the current one
+    room = sum(map(count, body[last_two:])) - 200  # the retention rule's raw tail is over it
+    assert room < whole
+    kept = plan_session(pinned, body, None, WIDE, WINDOW * 4, count, count_text)
+    fitted = plan_session(pinned, body, None, WIDE, WINDOW * 4, count, count_text, room=room)
+    assert kept.compacts and fitted.compacts
+    # Without a room, two turns stay raw; with it, fewer do, and the view fits.
+    assert kept.new_covered <= last_two < fitted.new_covered
+    assert _view_tokens(pinned, body, fitted) <= room
+    assert fitted.new_covered in turn_cut_points(body)  # a turn is never split
+    assert_valid(session_view(pinned, body, fitted.new_covered, {"role": "user", "content": "S"}))
+
+
+def test_over_the_room_the_anti_loop_and_saving_rules_give_way() -> None:
+    messages = _big_turns(2, lines=10)
+    pinned, body = split_pinned(messages)
+    strict = dataclasses.replace(SMALL, min_new_messages=50, min_saving_tokens=50_000)
+    whole = sum(map(count, messages))
+    under = plan_session(pinned, body, None, strict, 10 * whole, count, count_text, room=whole)
+    assert not under.compacts
+    over = plan_session(pinned, body, None, strict, whole, count, count_text, room=whole - 50)
+    assert over.compacts and over.trigger == "context_ratio"
+    # Under the trigger ratio, over the room only: the trigger says which.
+    roomy = plan_session(pinned, body, None, strict, 10 * whole, count, count_text, room=whole - 50)
+    assert roomy.compacts and roomy.trigger == "over_window"
+
+
+def test_a_tool_continuation_over_the_room_folds_every_turn_before_the_running_one() -> None:
+    messages = _big_turns(4, lines=20)[:-1]
+    messages += tool_loop(rounds=6, lines=30, seed=9)[3:]  # the running turn: a long loop
+    assert classify(messages) == Classification.TOOL_CONTINUATION
+    pinned, body = split_pinned(messages)
+    whole = sum(map(count, messages))
+    running = turn_starts(body)[-1]
+
+    def plan(room: int | None) -> SessionPlan:
+        return plan_session(
+            pinned, body, None, WIDE, WINDOW * 4, count, count_text, room=room, continuation=True
+        )
+
+    assert plan(None).skip_reason == "below_threshold"
+    assert plan(whole).skip_reason == "below_threshold"  # it fits: the loop layer's turn
+    over = plan(whole - 1)
+    assert over.compacts and over.trigger == "over_window"
+    assert over.batches[0][0] == 0
+    assert over.new_covered == running  # the running turn stays raw, whole
+    # Once folded, nothing before the running turn is left: later rounds compact nothing.
+    applied = AppliedSummary("S", over.new_covered, 1)
+    again = plan_session(
+        pinned, body, applied, WIDE, WINDOW * 4, count, count_text, room=1, continuation=True
+    )
+    assert not again.compacts and again.skip_reason == "nothing_to_compact"

@@ -14,6 +14,7 @@ from tests.fakes import FakeUpstream, Reply
 from tests.invariant import assert_nothing_lost
 
 WINDOW = 6000
+SUMMARY_MARK = "<recap-summary>"
 
 
 def start(proxy_factory: Callable[..., str], upstream_url: str, **compaction: Any) -> str:
@@ -118,3 +119,37 @@ def test_fit_says_how_many_it_dropped_and_why(
     assert len(forwarded) == len(history) - dropped
     assert_nothing_lost(tmp_path / "recap.db", "default", "fit", history, forwarded, r.headers)
     assert json.dumps(forwarded[-1]) == json.dumps(history[-1])
+
+
+def test_a_tool_loop_after_short_turns_folds_them_instead_of_dropping_them(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """τ-bench's shape: short turns below every trigger, then one tool loop whose few large
+    results take the request over the window. The turns before it go into a session summary
+    (trigger over_window), not out of the request; the running turn goes whole (trimming
+    and loop working memory, which would shorten it, have their own tests)."""
+    url = start(proxy_factory, upstream_url, trim={"enabled": False}, loop={"enabled": False})
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are an airline agent."}]
+    for i in range(8):
+        history.append({"role": "user", "content": f"Question {i}: my card is card_{i}00{i}. "})
+        history.append({"role": "assistant", "content": f"Noted card_{i}00{i} " + "ok " * 200})
+    history.append({"role": "user", "content": "Book the flight with the first card."})
+    start_of_turn = len(history)
+    r = post(url, history, "tau-shape")
+    assert "x-recap-dropped-messages" not in r.headers
+    for i in range(8):
+        # ~520 tokens a round: over the window (less the answer's 600) from the 7th on,
+        # with the turns before; the running turn alone stays within it.
+        history += tool_round(i, 1000)
+        r = post(url, history, "tau-shape")
+        forwarded = fake.chat_requests()[-1].json["messages"]
+        assert_nothing_lost(
+            tmp_path / "recap.db", "default", "tau-shape", history, forwarded, r.headers
+        )
+        assert "x-recap-dropped-messages" not in r.headers, (i, r.headers)
+    assert "session" in r.headers["x-recap-compaction"]
+    # The summary stands for every turn before the running one, which goes as it came.
+    assert forwarded[0] == history[0] and SUMMARY_MARK in forwarded[1]["content"]
+    assert forwarded[2:] == history[start_of_turn - 1 :]
+    (row,) = fake.chat_requests("summarize")
+    assert "card_0000" in row.body.decode()
