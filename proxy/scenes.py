@@ -96,9 +96,10 @@ class Scene:
 
 
 # Appended to the user prompt of the second try after a summary was cut by its token
-# limit; {{max_summary_chars}} is then half the first try's target.
+# limit or came back over max_summary_chars; {{max_summary_chars}} is then half the first
+# try's target.
 DEFAULT_LENGTH_RETRY = """\
-Your previous answer was cut off because it was too long. Write the summary again, much
+Your previous answer was too long. Write the summary again, much
 shorter{{#max_summary_chars}} (at most {{max_summary_chars}} characters){{/max_summary_chars}}:
 do not copy tool output, logs, code or long quotes; keep the user's constraints,
 identifiers, values, decisions and pending work, one short line each. Keep every section

@@ -87,9 +87,11 @@ def test_every_summarizer_failure_forwards_the_request_as_it_came(
         # A hanging summarizer costs at most its timeout, not the client's patience: its
         # failure is the proxy's own (the reason), within the client's 30 s.
         assert line["session_failure"] == reason, name
-        # A summary cut by its token limit is asked for once more before it fails.
-        assert line.get("summarizer_length_retries") == (1 if name == "truncated" else None)
-    assert fake.count() == len(FAILURES) + 1  # "truncated": two tries
+        # A summary cut by its token limit, or over max_summary_chars, is asked for once
+        # more before it fails.
+        retried = name in ("truncated", "too_long")
+        assert line.get("summarizer_length_retries") == (1 if retried else None), name
+    assert fake.count() == len(FAILURES) + 2  # "truncated" and "too_long": two tries each
     assert fake.abandoned == 2  # "late" and "hang": the proxy hung up on both
 
 

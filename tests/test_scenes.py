@@ -326,7 +326,7 @@ def test_length_retry_text_follows_the_prompt_and_a_scene_may_replace_it(
     retry_system, retry_user = render_values(scene, values, length_retry=True)
     assert retry_system == system and retry_user.startswith(user)
     added = retry_user[len(user) :]
-    assert "cut off because it was too long" in added and "at most 450 characters" in added
+    assert "Your previous answer was too long" in added and "at most 450 characters" in added
     assert "do not copy tool output" in added
     # A scene's own text, validated like its templates.
     own = MINIMAL + 'length_retry: "SHORTER, {{max_summary_chars}} chars"\n'

@@ -8,8 +8,9 @@ returns a `SummaryResult` or raises `SummarizerFailed` with a short reason
 from paying for a failing call on every turn.
 
 A summary cut by its token limit (`finish_reason: length`: typically a small model
-copying tool output into it) is asked for once more, with the scene's `length_retry`
-text after the prompt and half the character target. If that one is cut too, or stops
+copying tool output into it), or one that stops on its own over `max_chars`, is asked for
+once more, with the scene's `length_retry` text after the prompt and half the character
+target. If that one is cut too, or stops
 but is still over `max_chars`, its whole sections that fit stand in for it when they make
 a valid summary (else the first answer's); only then does the call fail. Both tries count
 in the result (`retried`, `salvaged`) and in the failure.
@@ -43,7 +44,7 @@ PURPOSE_HEADER = "x-recap-purpose"
 
 class SummarizerFailed(Exception):
     """The summary could not be made; `reason` is short and safe to log. `retried`: a
-    second, shorter try was made after the first was cut by its token limit."""
+    second, shorter try was made after the first was cut by its token limit or too long."""
 
     def __init__(self, reason: str, *, retried: bool = False) -> None:
         super().__init__(reason)
@@ -60,7 +61,7 @@ class SummaryResult:
     duration_ms: int
     # References the quality guard put back that the model's summary had lost.
     restored_references: int = 0
-    # The first answer was cut by its token limit and a second, shorter one was asked for.
+    # The first answer was cut by its token limit or too long; a shorter one was asked for.
     retried: bool = False
     # Both were cut: this summary is the complete sections of one of them.
     salvaged: bool = False
@@ -120,7 +121,7 @@ class Summarizer:
         first = await ask(False, values)
         answer, problem = first, check_summary(first.text, first.finish, max_chars)
         retried = salvaged = False
-        if problem is not None and first.finish == "length":
+        if problem is not None and (first.finish == "length" or problem == "too_long"):
             retried = True
             shorter = dict(values)
             if "max_summary_chars" in shorter:

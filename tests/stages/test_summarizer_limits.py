@@ -30,7 +30,7 @@ from tests.faults import (
 )
 
 COUNTER = TokenCounter()
-RETRY_TEXT = "Your previous answer was cut off because it was too long"
+RETRY_TEXT = "Your previous answer was too long"
 # A summary cut in its third section: the first two are complete.
 CUT = (
     "<summary>\n## User Goal\nChange flight R00042.\n## Confirmed Facts\n"
@@ -84,6 +84,28 @@ def test_a_summary_cut_by_length_is_asked_for_again_shorter(
     (session,) = [c for c in line["compactions"] if c["layer"] == "session"]
     assert session["length_retries"] == 1
     (row,) = audit_rows(tmp_path, "cut-once")
+    assert (row["outcome"], row["detail"]) == ("ok", "after a length retry")
+
+
+def test_a_summary_over_max_summary_chars_is_asked_for_again_shorter(
+    upstream: tuple[SummarizerFake, str],
+    start: Callable[..., str],
+    logs: LogCapture,
+    tmp_path: Path,
+) -> None:
+    """A model that stops on its own past the character target (the 1.5B model on a τ-bench
+    chain) gets the same second try as one cut by its token limit, instead of a failure."""
+    fake, url = upstream
+    wordy = "<summary>\n## User Goal\n" + "Change flight R00042, as said before. " * 60
+    fake.answer = scripted(Answer(content=wordy + "</summary>"), Answer(content=SUMMARY))
+    proxy = start(url, session={"max_summary_chars": 1000})
+    r = post(proxy, history(), "too-long-once")
+    assert r.headers["x-recap-compaction"] == "session"
+    first, second = (c.body for c in fake.calls)
+    assert RETRY_TEXT not in first["messages"][1]["content"]
+    assert RETRY_TEXT in second["messages"][1]["content"]
+    assert logs.access()[-1]["summarizer_length_retries"] == 1
+    (row,) = audit_rows(tmp_path, "too-long-once")
     assert (row["outcome"], row["detail"]) == ("ok", "after a length retry")
 
 
