@@ -272,10 +272,10 @@ def strike_invented(summary: str, inputs: Sequence[Any]) -> tuple[str, int]:
 def critical_references(messages: Sequence[Any]) -> list[str]:
     """The span's references, most important first.
 
-    Round-robin over messages: every message's first reference comes before any
-    message's second, so one long tool output cannot crowd out an id that another
-    message mentions once; within a round, more mentions (and mentions by the user or
-    the assistant rather than a tool) come first.
+    Round-robin over messages: every message's first reference (in the order the message
+    says them) comes before any message's second, so one long tool output cannot crowd out
+    an id that another message mentions once; within a round, more mentions (and mentions
+    by the user or the assistant rather than a tool) come first.
     """
     score: dict[str, float] = {}
     order: dict[str, int] = {}
@@ -300,19 +300,27 @@ def critical_references(messages: Sequence[Any]) -> list[str]:
             continue
         weight = 1.0 if role == "tool" else 3.0
         for text in texts:
+            # (offset, reference, weight): a message's references in the order it says them,
+            # whatever their kind, so its first ones are not all dates and amounts (a user
+            # record's payment ids came after its every date, and lost the round-robin).
+            found: list[tuple[int, str, float]] = []
             if role == "user":
-                for m in _QUOTED.finditer(text):
-                    add(next(g for g in m.groups() if g), 10.0)
+                found += [
+                    (m.start(), next(g for g in m.groups() if g), 10.0)
+                    for m in _QUOTED.finditer(text)
+                ]
             for pattern in (_URL, _PATH, _DATE, _NUMBER_UNIT, _DIGIT_GROUPS, _VERSION):
-                for m in pattern.finditer(text):
-                    add(m.group(0), weight)
+                found += [(m.start(), m.group(0), weight) for m in pattern.finditer(text)]
             if role != "tool":  # in tool results, snake_case is mostly JSON keys
-                for m in _SNAKE.finditer(text):
-                    add(m.group(0), weight)
-            for m in _IDENT.finditer(text):
+                found += [(m.start(), m.group(0), weight) for m in _SNAKE.finditer(text)]
+            found += [
+                (m.start(), m.group(0), weight)
+                for m in _IDENT.finditer(text)
                 # Not the head of a timestamp (2024-05-14T06 of 2024-05-14T06:33:04).
-                if is_identifier(m.group(0)) and not _DATE_HEAD.match(m.group(0)):
-                    add(m.group(0), weight)
+                if is_identifier(m.group(0)) and not _DATE_HEAD.match(m.group(0))
+            ]
+            for _, ref, w in sorted(found, key=lambda f: f[0]):  # stable: kinds in order
+                add(ref, w)
     return sorted(score, key=lambda r: (round_of[r], -score[r], order[r]))
 
 

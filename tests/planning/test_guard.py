@@ -364,3 +364,20 @@ def test_a_constraint_comes_back_once_when_a_merge_drops_it() -> None:
         "## User Goal\nBook.", [{"role": "assistant", "content": first}, user], 1200, 0.25
     )
     assert second.summary.count("No, I do not want travel insurance.") == 1
+
+
+def test_a_message_s_references_rank_in_the_order_it_says_them() -> None:
+    """τ-bench task 8: the user record's payment ids came after its every date and amount,
+    so the round-robin ranked them last and the share ran out before them."""
+    record = {
+        "dob": "1960-11-26",
+        "payment_methods": {"certificate_3765853": {"amount": 500}},
+        "reservations": [{"date": "2024-05-26"}, {"date": "2024-05-28"}],
+    }
+    messages = [
+        {"role": "tool", "tool_call_id": "c1", "content": json.dumps(record)},
+        {"role": "tool", "tool_call_id": "c2", "content": "HAT023 departs 2024-05-01"},
+    ]
+    refs = critical_references(messages)
+    assert refs.index("certificate_3765853") < refs.index("2024-05-26")
+    assert refs[:2] == ["1960-11-26", "HAT023"]  # each message's first, in turn
