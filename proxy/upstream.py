@@ -119,10 +119,13 @@ class UpstreamClient:
         content: bytes | httpx.AsyncByteStream | AsyncIterable[bytes] | None = None,
         timeout: httpx.Timeout | None = None,
     ) -> httpx.Request:
-        if timeout is None:
-            return self._client.build_request(method, url, headers=headers, content=content)
+        """`timeout`: this request's, else the upstream's (never None: that is no timeout)."""
         return self._client.build_request(
-            method, url, headers=headers, content=content, timeout=timeout
+            method,
+            url,
+            headers=headers,
+            content=content,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
         )
 
     async def send(self, request: httpx.Request) -> httpx.Response:

@@ -700,7 +700,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--fake-summarizer",
         action="store_true",
-        help="a dry run in minutes: the replay's extractive fake summarizes, not the model "
+        help="a dry run in seconds: the replay's extractive fake summarizes, not the model "
         "(the windows, the last resort and the harness, not the summaries' quality)",
     )
     p.add_argument("--out", default=str(OUT), help="output directory (default benchmarks/out)")

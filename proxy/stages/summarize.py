@@ -10,10 +10,10 @@ from paying for a failing call on every turn.
 A summary cut by its token limit (`finish_reason: length`: typically a small model
 copying tool output into it), or one that stops on its own over `max_chars`, is asked for
 once more, with the scene's `length_retry` text after the prompt and half the character
-target. If that one is cut too, or stops
-but is still over `max_chars`, its whole sections that fit stand in for it when they make
-a valid summary (else the first answer's); only then does the call fail. Both tries count
-in the result (`retried`, `salvaged`) and in the failure.
+target. If that one is cut too, or stops but is still over `max_chars`, its whole sections
+that fit stand in for it when they make a valid summary (else the first answer's); only
+then does the call fail. Both tries count in the result (`retried`, `salvaged`) and in the
+failure.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class SummaryResult:
     restored_references: int = 0
     # The first answer was cut by its token limit or too long; a shorter one was asked for.
     retried: bool = False
-    # Both were cut: this summary is the complete sections of one of them.
+    # The second was cut or too long too: this summary is the whole sections of one of them.
     salvaged: bool = False
 
 

@@ -20,6 +20,7 @@ from proxy.config import SessionCompaction
 from proxy.conversation import tool_rounds, turn_cut_points, turn_starts, valid_cut_points
 from proxy.messages import Classification, Message, classify, split_pinned
 from proxy.planning.session import (
+    CHARS_PER_TOKEN,
     AppliedSummary,
     SessionPlan,
     plan_session,
@@ -538,7 +539,7 @@ WIDE = dataclasses.replace(SMALL, max_batch_messages=200, max_rounds_per_request
 def _view_tokens(pinned: list[Message], body: list[Message], plan: SessionPlan) -> int:
     """The view's estimate after the plan, its summary at the planner's own cap."""
     summary = min(
-        SMALL.max_summary_chars // 3.5, sum(count(m) for m in body[: plan.new_covered])
+        SMALL.max_summary_chars // CHARS_PER_TOKEN, sum(count(m) for m in body[: plan.new_covered])
     )
     return int(sum(map(count, pinned)) + summary + sum(map(count, body[plan.new_covered :])))
 

@@ -241,7 +241,7 @@ def test_edited_history_never_gets_summary_of_messages_it_lacks(
     if any(is_summary(m) for m in sent):
         # Made from the edited history: the summarizer was given the edited text, and never
         # the original (the summary is recorded for it: assert_nothing_lost).
-        asked = [json.dumps(r.json) for r in fake.chat_requests("summarize")[asked_before:]]
+        asked = [json.dumps(c.json) for c in fake.chat_requests("summarize")[asked_before:]]
         assert any("I changed my mind about everything." in a for a in asked)
         assert not any(json.dumps(original)[1:-1] in a for a in asked)
 
