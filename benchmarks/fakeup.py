@@ -40,8 +40,8 @@ from benchmarks import responses_shape
 from benchmarks.harness import BenchError
 from benchmarks.metrics import Run, Step
 from benchmarks.sessions import Session
+from proxy.history.tokens import TokenCounter
 from proxy.planning.transcript import content_text
-from proxy.tokens import TokenCounter
 from tests.fake_responses import input_problems
 from tests.fakes import FakeUpstream, Recorded, Reply, ReplyOrAwaitable
 

@@ -190,7 +190,7 @@ def running(
 
 def serve_app(app: Any, port: int, *, backlog: int = 2048) -> None:
     """Serve `app` in this process on 127.0.0.1, with the uvicorn settings of `recap serve`
-    (proxy/cli.py), so a fake or a bare proxy differs from Recap only in its application;
+    (proxy/ops/cli.py), so a fake or a bare proxy differs from Recap only in its application;
     but idle connections close after uvicorn's default 5 s, as uvicorn-based upstreams (vLLM,
     ...) close theirs: the proxy's pool must cope with that, and the soak's connection counts
     fall back to 0 when the load stops."""

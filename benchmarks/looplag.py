@@ -221,7 +221,7 @@ def recap_command(root: Path | None, config: Path, port: int) -> list[str]:
     serve += ["--port", str(port)]
     if root is None:
         return [sys.executable, "-m", "proxy", *serve]
-    boot = f"import sys; sys.path.insert(0, {str(root)!r}); from proxy.cli import main; "
+    boot = f"import sys; sys.path.insert(0, {str(root)!r}); from proxy.ops.cli import main; "
     return [sys.executable, "-c", boot + "sys.exit(main(sys.argv[1:]))", *serve]
 
 

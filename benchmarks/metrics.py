@@ -3,8 +3,8 @@
 Outside the data path: `benchmarks.replay` records, for every step of every session, what one
 strategy sent upstream (`Step`); this module turns those records into figures. Definitions:
 
-- tokens: Recap's own estimate (`proxy.tokens.TokenCounter`, the request's model: o200k_base),
-  summed over the messages plus the reply priming, as `count_messages` does.
+- tokens: Recap's own estimate (`proxy.history.tokens.TokenCounter`, the request's model:
+  o200k_base), summed over the messages plus the reply priming, as `count_messages` does.
 - overflow: a request whose input alone is over the context window.
 - cached tokens: the tokens of the longest run of leading messages equal to the previous
   request's (what a provider's automatic prefix cache would reuse; partial messages and the
@@ -12,9 +12,9 @@ strategy sent upstream (`Step`); this module turns those records into figures. D
   token-weighted. "Between compactions" leaves out the steps where the strategy called a
   summarizer and the first request of each conversation (a cold cache).
 - rewrite: a request that does not start with the whole previous request (the prefix changed).
-- invalid: `proxy.conversation.check_history` finds a problem (orphan result, unanswered call)
-  in the chat form of what was sent, or (Responses) the upstream found its `input` invalid as
-  OpenAI would (`Step.problems`: `tests.fake_responses.input_problems`).
+- invalid: `proxy.history.conversation.check_history` finds a problem (orphan result,
+  unanswered call) in the chat form of what was sent, or (Responses) the upstream found its
+  `input` invalid as OpenAI would (`Step.problems`: `tests.fake_responses.input_problems`).
 - fact retention: a gold value is at risk at its step when the message where it first appears
   in the history is not among the sent messages (compaction removed or rewrote it); it is
   retained when the value still appears somewhere in what was sent at that step.
@@ -30,9 +30,9 @@ from typing import Any
 
 from benchmarks.harness import percentile
 from benchmarks.sessions import Fact, Session
-from proxy.conversation import check_history
-from proxy.messages import Message
-from proxy.tokens import REPLY_PRIMING_TOKENS, TokenCounter
+from proxy.history.conversation import check_history
+from proxy.history.messages import Message
+from proxy.history.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
 
 @dataclass

@@ -13,7 +13,7 @@ generator or with another server:
     recap           `python -m proxy serve` with its real default stage list, a SQLite store in
                     a temporary directory, JSON logs to a file
 
-All three run on uvicorn with the settings `proxy/cli.py` uses (`benchmarks.harness`: the
+All three run on uvicorn with the settings `proxy/ops/cli.py` uses (`benchmarks.harness`: the
 same loop and HTTP implementation, uvloop/httptools when installed, asyncio/h11 otherwise),
 so Recap and the bare pass-through differ only in their application code.
 
@@ -87,7 +87,7 @@ from benchmarks.harness import (
     stack,
     write_config,
 )
-from proxy.upstream import KEEPALIVE_S
+from proxy.upstream.client import KEEPALIVE_S
 from tests.fake_responses import Answer, FakeResponses
 from tests.fakes import Reply
 
@@ -144,7 +144,7 @@ def bare_app(upstream: str) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, httpx.AsyncClient]]:
-        # The pool and timeouts of Recap's upstream client (proxy/upstream.py): idle
+        # The pool and timeouts of Recap's upstream client (proxy/upstream/client.py): idle
         # connections dropped before the upstream's uvicorn closes them (5 s), else a request
         # sent on one it is closing fails (a text/plain 500 from Starlette, ending the run).
         limits = httpx.Limits(

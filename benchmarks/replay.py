@@ -72,7 +72,7 @@ from benchmarks.metrics import Figures, Run, Step, Weigher, add_run
 from benchmarks.report import COLUMNS, Series, details, markdown, plots, verdicts
 from benchmarks.sessions import TAUBENCH, Session, chains, generate, load_taubench, singles
 from benchmarks.strategies import baselines
-from proxy.tokens import TokenCounter
+from proxy.history.tokens import TokenCounter
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = "benchmarks.replay"

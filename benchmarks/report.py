@@ -31,7 +31,7 @@ COLUMNS = (
     "parentheses, the function's own time); *cache hit* is the token share of each request "
     "equal to the previous request's leading messages (what a provider's prefix cache reuses), "
     "*between compactions* without the steps that called the summarizer and the first request "
-    "of each conversation; *invalid* counts histories `proxy.conversation.check_history` "
+    "of each conversation; *invalid* counts histories `proxy.history.conversation.check_history` "
     "rejects; *facts retained*: arguments of the gold write actions whose first mention was "
     "compacted away and that still appear in what was sent at the step that makes the call."
 )

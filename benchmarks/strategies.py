@@ -19,8 +19,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.conversation import is_turn_start, valid_cut_points
-from proxy.messages import Message, split_pinned
+from proxy.history.conversation import is_turn_start, valid_cut_points
+from proxy.history.messages import Message, split_pinned
 
 Messages = Sequence[Message]
 Count = Callable[[Message], int]

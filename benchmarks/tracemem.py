@@ -16,7 +16,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from proxy.cli import main as recap_main
+from proxy.ops.cli import main as recap_main
 
 
 def _dump(outdir: Path, interval_s: float) -> None:

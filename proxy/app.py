@@ -21,29 +21,29 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.archive import Archiver
-from proxy.boundary import EXCEPTION_HANDLERS, Rendered
+from proxy.archive.archiver import Archiver
+from proxy.archive.journal import Journal, journal_dir
 from proxy.config import Config
-from proxy.edge import Edge
+from proxy.edge.boundary import EXCEPTION_HANDLERS, Rendered
+from proxy.edge.front import Edge
+from proxy.edge.metrics import CONTENT_TYPE_LATEST, Metrics
+from proxy.edge.serving import AcceptErrors
 from proxy.errors import NotFound
-from proxy.fingerprints import FingerprintCache
-from proxy.journal import Journal, journal_dir
-from proxy.metrics import CONTENT_TYPE_LATEST, Metrics
-from proxy.offload import MeasureOffLoop
+from proxy.history.fingerprints import FingerprintCache
+from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Pipeline, Stage
-from proxy.scenes import SceneSet
-from proxy.serving import AcceptErrors
 from proxy.stages.archive import ArchiveOriginals
 from proxy.stages.estimate import EstimateTokens
 from proxy.stages.loop import LoopStage
+from proxy.stages.offload import MeasureOffLoop
 from proxy.stages.remote import RemoteCompactor
+from proxy.stages.scenes import SceneSet
 from proxy.stages.session import SessionStage
 from proxy.stages.summarize import Summarizer
 from proxy.stages.trim import FitToWindow, TrimStage
 from proxy.state import AppState
 from proxy.store import StoreError, open_store
-from proxy.tokens import TokenCounter
-from proxy.upstream import UpstreamPool
+from proxy.upstream.client import UpstreamPool
 
 log = logging.getLogger("recap.app")
 
@@ -94,7 +94,7 @@ def build_stages(state: AppState) -> list[Stage]:
 
 
 def open_journal(config: Config, directory: Path | None) -> Journal | None:
-    """The archive's journal (proxy/journal.py), or None: switched off, an in-memory
+    """The archive's journal (proxy/archive/journal.py), or None: switched off, an in-memory
     store, or a directory it cannot use (then each record is committed before its answer's
     final bytes, as without a journal)."""
     if directory is None or not config.archive.journal:
@@ -111,12 +111,12 @@ def open_journal(config: Config, directory: Path | None) -> Journal | None:
 def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> Starlette:
     """The app for `config`; `clock` (monotonic seconds) times the circuit breakers'
     cool-downs, so a test can advance a fake one instead of sleeping."""
-    from proxy.chat import ChatCompletions
+    from proxy.archive.retention import Retention
     from proxy.dialects.responses import ResponsesDialect
-    from proxy.operator import operator_routes
-    from proxy.passthrough import Passthrough
-    from proxy.remote_routes import CodexGate, ResponsesCompact
-    from proxy.retention import Retention
+    from proxy.edge.codex import CodexGate, ResponsesCompact
+    from proxy.edge.compacting import ChatCompletions
+    from proxy.edge.operator import operator_routes
+    from proxy.edge.passthrough import Passthrough
     from proxy.web import web_routes
 
     # Per app, never global: tests build many apps, each with its own registry.

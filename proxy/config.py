@@ -156,7 +156,7 @@ class Archive:
     # How often the server prunes when retention_days > 0.
     prune_interval_s: float = 3600.0
     # Each request's record is appended to a journal before the answer's last bytes, and
-    # stored in batches after (proxy/journal.py); false: stored before the last bytes.
+    # stored in batches after (proxy/archive/journal.py); false: stored before the last bytes.
     journal: bool = True
     # Where: null is beside an SQLite file, else `recap-journal` beside the config.
     journal_dir: str | None = None

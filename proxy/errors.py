@@ -17,7 +17,7 @@
 Upstream errors are never wrapped: their status and body pass through untouched.
 Foreign exceptions are translated at one boundary each: httpx in `upstream.mapped_errors`,
 the store's in `store.base`, Starlette's routing errors and anything unexpected in
-`boundary.py`. This module knows no IO; `error_json` is the one renderer of the shape.
+`proxy/edge/boundary.py`. This module knows no IO; `error_json` is the one renderer of the shape.
 """
 
 from __future__ import annotations

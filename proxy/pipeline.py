@@ -1,8 +1,8 @@
 """The request pipeline: an ordered list of small named stages over one Exchange.
 
-    parse -> tenant and conversation -> classify     (chat.py, before the pipeline)
+    parse -> tenant and conversation -> classify     (edge/compacting.py, before)
           -> stages, in order (run here)               e.g. archive, trim, session, loop
-          -> forward and stream back                   (chat.py, after the pipeline)
+          -> forward and stream back                   (edge/compacting.py, after)
 
 A stage reads and rewrites `exchange.messages` (the outgoing view) and records
 what it did. Compaction is an optimisation: a stage that raises is logged and
@@ -22,8 +22,8 @@ from typing import Any, Literal, Protocol, TypeVar, overload
 from proxy.config import Tenant
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import ChatDialect
-from proxy.measure import Measure
-from proxy.messages import Classification, Message, chain_of, split_pinned
+from proxy.history.measure import Measure
+from proxy.history.messages import Classification, Message, chain_of, split_pinned
 from proxy.planning.outcome import CompactionOutcome, layers
 from proxy.store.base import ConversationRef, StoreError
 

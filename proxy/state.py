@@ -6,15 +6,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proxy.archive import Archiver
-from proxy.calibration import Calibration
+from proxy.archive.archiver import Archiver
 from proxy.config import Config
-from proxy.fingerprints import FingerprintCache
+from proxy.history.fingerprints import FingerprintCache
+from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Pipeline
+from proxy.stages.calibration import Calibration
 from proxy.stages.remote import RemoteCompactor
 from proxy.store.base import Store
-from proxy.tokens import TokenCounter
-from proxy.upstream import UpstreamPool
+from proxy.upstream.client import UpstreamPool
 
 
 @dataclass
@@ -30,5 +30,5 @@ class AppState:
     calibration: Calibration = field(default_factory=Calibration)
     # Monotonic seconds for the request path's cool-downs (circuit breakers); tests fake it.
     clock: Callable[[], float] = time.monotonic
-    # Codex remote compaction (proxy/remote_routes.py), built with the pipeline.
+    # Codex remote compaction (proxy/edge/codex.py), built with the pipeline.
     remote: RemoteCompactor | None = None

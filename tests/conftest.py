@@ -15,7 +15,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import Config, parse_config
-from proxy.logs import JsonFormatter
+from proxy.ops.logs import JsonFormatter
 from tests.fakes import FakeUpstream
 from tests.faults import SummarizerFake, compacting_config
 from tests.servers import serve

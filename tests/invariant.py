@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from proxy.conversation import check_history
-from proxy.messages import chain_hashes, fingerprint, is_pinned, split_pinned
+from proxy.history.conversation import check_history
+from proxy.history.messages import chain_hashes, fingerprint, is_pinned, split_pinned
 from proxy.planning.framing import FRAME_OPEN, defuse
 from proxy.planning.trim import ARCHIVE_SCHEME
 

@@ -16,7 +16,7 @@ import uvicorn
 def serve(app: Any, *, lifespan: str = "on", http: Any = "h11") -> Iterator[str]:
     """Serve `app` on 127.0.0.1 on a free port; yields its base URL.
 
-    `http`: uvicorn's protocol, e.g. `proxy.serving.protocol_for(config.listen)` as
+    `http`: uvicorn's protocol, e.g. `proxy.edge.serving.protocol_for(config.listen)` as
     `recap serve` uses it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

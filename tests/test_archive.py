@@ -6,14 +6,14 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy.archive import Archiver
+from proxy.archive.archiver import Archiver
 from proxy.config import parse_config
-from proxy.measure import Measure
-from proxy.messages import Classification
+from proxy.history.measure import Measure
+from proxy.history.messages import Classification
+from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Exchange
 from proxy.store import ConversationRef, SqliteStore
 from proxy.store.base import ExchangeRecord, JournalMark
-from proxy.tokens import TokenCounter
 
 
 class CountingStore(SqliteStore):

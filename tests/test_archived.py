@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.archived import ArchivedIndex
+from proxy.archive.archived import ArchivedIndex
 from proxy.store.base import ConversationRef
 
 A, B = ConversationRef("t", "a"), ConversationRef("t", "b")

@@ -1,4 +1,4 @@
-"""Attachments cost what the provider bills (proxy.attachments), never their base64.
+"""Attachments cost what the provider bills (proxy.history.attachments), never their base64.
 
 Header parsing and the tile formula directly; then through real servers with the openai SDK:
 ten short turns and a question carrying 400 KB of audio (or a PDF) on a 128k window are
@@ -20,11 +20,11 @@ from typing import Any
 import openai
 import pytest
 
-from proxy import attachments
 from proxy.config import TrimCompaction
-from proxy.messages import fingerprint
+from proxy.history import attachments
+from proxy.history.messages import fingerprint
+from proxy.history.tokens import TokenCounter
 from proxy.planning.trim import ARCHIVE_SCHEME, plan_trim
-from proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream
 
 WINDOW = 128_000

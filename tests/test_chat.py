@@ -16,7 +16,7 @@ import pytest
 
 from proxy.store import open_store
 from proxy.store.base import ConversationRef, Event
-from proxy.upstream import SHARDS
+from proxy.upstream.client import SHARDS
 from tests.fakes import FakeUpstream, Reply
 from tests.faults import wait_until
 

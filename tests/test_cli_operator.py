@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from proxy.app import create_app
-from proxy.cli import main
 from proxy.config import load_config
+from proxy.ops.cli import main
+from proxy.ops.tail import tail
 from proxy.store import open_store
 from proxy.store.base import ConversationRef, NewSummary
-from proxy.tail import tail
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import serve
 from tests.trajectories import DATA, chained, model_calls, sessions

@@ -360,7 +360,7 @@ def test_remote_compaction_calls_fit_the_summarizer_window(
     upstream: tuple[Upstream, str], recap: Callable[..., str]
 ) -> None:
     """Each summarizer call of a remote compaction fits summarizer.context_window."""
-    from proxy.tokens import TokenCounter
+    from proxy.history.tokens import TokenCounter
 
     fake, _ = upstream
     base = recap(

@@ -1,4 +1,4 @@
-"""Tests for proxy.conversation: turns, tool rounds, cut points and the validity check.
+"""Tests for proxy.history.conversation: turns, tool rounds, cut points and the validity check.
 
 Also home of the history generators the compaction planner tests replay (long sessions
 with parallel calls, reused ids, long outputs, confirmation resumes; long tool loops) and of
@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.conversation import (
+from proxy.history.conversation import (
     ToolRound,
     Turn,
     check_history,

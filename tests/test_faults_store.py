@@ -30,16 +30,16 @@ import pytest
 import yaml
 
 from proxy.app import create_app
-from proxy.archive import Archiver
+from proxy.archive.archiver import Archiver
 from proxy.config import parse_config
-from proxy.conversation import check_history
-from proxy.measure import Measure
-from proxy.messages import Classification, chain_hashes, fingerprint, split_pinned
+from proxy.history.conversation import check_history
+from proxy.history.measure import Measure
+from proxy.history.messages import Classification, chain_hashes, fingerprint, split_pinned
+from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Exchange
 from proxy.planning.framing import FRAME_CLOSE, FRAME_OPEN
 from proxy.store import ConversationRef, SqliteStore, StoreError
 from proxy.store.base import ExchangeRecord, JournalMark
-from proxy.tokens import TokenCounter
 from tests.conftest import REPO, LogCapture
 from tests.faults import (
     MODEL,

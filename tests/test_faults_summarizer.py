@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from proxy.app import create_app
-from proxy.conversation import check_history
-from proxy.tokens import TokenCounter
+from proxy.history.conversation import check_history
+from proxy.history.tokens import TokenCounter
 from tests.conftest import LogCapture
 from tests.faults import (
     MODEL,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.fingerprints import PER_MESSAGE_BYTES, FingerprintCache
-from proxy.messages import chain_hashes, fingerprint, split_pinned
+from proxy.history.fingerprints import PER_MESSAGE_BYTES, FingerprintCache
+from proxy.history.messages import chain_hashes, fingerprint, split_pinned
 from proxy.store.base import ConversationRef
 
 

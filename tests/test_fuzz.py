@@ -34,11 +34,12 @@ from hypothesis import strategies as st
 
 from proxy.app import create_app
 from proxy.config import LoopCompaction, SessionCompaction, TrimCompaction, parse_config
-from proxy.conversation import check_history, turn_starts
 from proxy.errors import BadRequest
-from proxy.fingerprints import FingerprintCache
-from proxy.identity import MAX_KEY_CHARS, conversation_ref
-from proxy.messages import chain_hashes, classify, fingerprint, split_pinned
+from proxy.history.conversation import check_history, turn_starts
+from proxy.history.fingerprints import FingerprintCache
+from proxy.history.identity import MAX_KEY_CHARS, conversation_ref
+from proxy.history.messages import chain_hashes, classify, fingerprint, split_pinned
+from proxy.history.tokens import TokenCounter
 from proxy.planning.framing import (
     FRAME_CLOSE,
     FRAME_OPEN,
@@ -52,7 +53,6 @@ from proxy.planning.session import AppliedSummary, plan_session, session_view
 from proxy.planning.transcript import detect_language, render_transcript
 from proxy.planning.trim import apply_trim, fit_to_window, plan_trim
 from proxy.store.base import ConversationRef
-from proxy.tokens import TokenCounter
 from tests.conftest import LogCapture
 from tests.servers import read_body, serve
 

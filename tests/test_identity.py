@@ -6,8 +6,8 @@ import pytest
 
 from proxy.config import parse_config
 from proxy.errors import BadRequest, Unauthorized
-from proxy.identity import conversation_ref, resolve_tenant
-from proxy.messages import Classification, classify
+from proxy.history.identity import conversation_ref, resolve_tenant
+from proxy.history.messages import Classification, classify
 
 CFG = parse_config(
     {

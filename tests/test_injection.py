@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from proxy.conversation import check_history
+from proxy.history.conversation import check_history
 from proxy.planning.framing import FRAME_CLOSE, FRAME_OPEN
 from tests.faults import Answer, SummarizerFake, history, post, summaries_in
 

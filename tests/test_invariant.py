@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from proxy.app import create_app
 from proxy.config import Config, parse_config
-from proxy.identity import conversation_ref
+from proxy.history.identity import conversation_ref
 from tests.fakes import FakeUpstream, Reply, extractive_summary
 from tests.invariant import BEHAVIOURS, assert_nothing_lost, client_requests, sliding
 from tests.servers import serve

@@ -1,4 +1,4 @@
-"""The archive journal (proxy/journal.py) with a real SQLite store: each record appended
+"""The archive journal (proxy/archive/journal.py) with a real SQLite store: each record appended
 is stored exactly once, whether the process stops cleanly, dies before the store took
 it, or dies after the store took it but before its segment was deleted."""
 
@@ -9,8 +9,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from proxy.archive import Archiver
-from proxy.journal import Journal, decode, encode, orphans
+from proxy.archive.archiver import Archiver
+from proxy.archive.journal import Journal, decode, encode, orphans
 from proxy.store import ConversationRef, SqliteStore
 from proxy.store.base import ExchangeRecord
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.config import parse_config
-from proxy.lifecycle import safe_url, started_fields, upstream_host
+from proxy.ops.lifecycle import safe_url, started_fields, upstream_host
 
 
 def test_store_urls_lose_their_secrets_and_nothing_else() -> None:

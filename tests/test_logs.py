@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import openai
 
-from proxy.ansi import Style
-from proxy.logs import JsonFormatter, TextFormatter
-from proxy.tail import render as tail_render
-from proxy.tail import tail
+from proxy.ops.ansi import Style
+from proxy.ops.logs import JsonFormatter, TextFormatter
+from proxy.ops.tail import render as tail_render
+from proxy.ops.tail import tail
 from tests.fakes import FakeUpstream
 from tests.faults import compacting_config, history, post
 

@@ -1,4 +1,4 @@
-"""proxy.longjson writes exactly what json.dumps writes, long strings included."""
+"""proxy.wire.longjson writes exactly what json.dumps writes, long strings included."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import longjson
-from proxy.longjson import LONG_CHARS
-from proxy.messages import fingerprint
+from proxy.history.messages import fingerprint
+from proxy.wire import longjson
+from proxy.wire.longjson import LONG_CHARS
 
 TEXT = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from('"\\\n\x01\ud800'))
 VALUES: Any = st.recursive(

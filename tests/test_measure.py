@@ -12,8 +12,8 @@ from benchmarks.agent_request import Bodies
 from proxy.dialects.base import Parsed
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.responses import ResponsesDialect
-from proxy.measure import Measure
-from proxy.tokens import TokenCounter
+from proxy.history.measure import Measure
+from proxy.history.tokens import TokenCounter
 
 COUNTER = TokenCounter()
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import compactions_of, route_of
+from proxy.edge.metrics import compactions_of, route_of
 from proxy.planning.outcome import CompactionOutcome, log_fields
 from tests.conftest import LogCapture
 from tests.fakes import FakeUpstream, Reply

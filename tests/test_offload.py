@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from proxy.offload import OFF_LOOP_BYTES
+from proxy.stages.offload import OFF_LOOP_BYTES
 from tests.conftest import make_config
 from tests.fakes import FakeUpstream, Reply
 

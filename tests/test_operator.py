@@ -19,7 +19,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.messages import fingerprint
+from proxy.history.messages import fingerprint
 from proxy.store import SqliteStore
 from proxy.store.base import ConversationRef
 from tests.fakes import FakeUpstream, Reply

@@ -20,8 +20,8 @@ import openai
 import pytest
 
 from proxy.app import create_app
-from proxy.calibration import MAX_RATIO, Calibration
-from proxy.overflow import detect, retry_window
+from proxy.edge.overflow import detect, retry_window
+from proxy.stages.calibration import MAX_RATIO, Calibration
 from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream, Reply, overflowing
 from tests.servers import serve

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.recent import RecentlyUsed
+from proxy.history.recent import RecentlyUsed
 
 
 def test_entries_unused_for_idle_s_are_forgotten_and_use_keeps_them() -> None:

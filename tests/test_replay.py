@@ -32,9 +32,9 @@ from benchmarks.sessions import (
     model_calls,
 )
 from benchmarks.strategies import middle_out, no_compaction, sliding_window
-from proxy.conversation import check_history, valid_cut_points
+from proxy.history.conversation import check_history, valid_cut_points
+from proxy.history.tokens import TokenCounter
 from proxy.planning.framing import check_summary, extract_summary
-from proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import serve
 from tests.trajectories import DATA, sessions

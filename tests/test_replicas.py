@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from proxy.config import load_config
-from proxy.conversation import check_history
-from proxy.messages import fingerprint
+from proxy.history.conversation import check_history
+from proxy.history.messages import fingerprint
 from proxy.store import ConversationRef, Store, open_store
 from tests.fakes import FakeUpstream, Reply, extractive_summary
 from tests.pg import fresh_schema, postgres_url

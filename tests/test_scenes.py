@@ -10,7 +10,7 @@ import pytest
 from proxy.app import load_scenes
 from proxy.config import load_config
 from proxy.planning.transcript import render_transcript
-from proxy.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
+from proxy.stages.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
 
 SCENES_DIR = Path(__file__).resolve().parent.parent / "proxy" / "scenes_default"
 DATA = Path(__file__).resolve().parent / "data" / "taubench-airline-dev.jsonl"
@@ -318,7 +318,7 @@ def test_scene_is_frozen() -> None:
 def test_length_retry_text_follows_the_prompt_and_a_scene_may_replace_it(
     tmp_path: Path,
 ) -> None:
-    from proxy.scenes import render_values
+    from proxy.stages.scenes import render_values
 
     scene = SceneSet().get("session_compact")
     values = {"transcript": "User: hi", "max_summary_chars": 450}

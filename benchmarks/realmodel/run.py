@@ -82,7 +82,7 @@ from benchmarks.sessions import (
     load_taubench,
     model_calls,
 )
-from proxy.tokens import TokenCounter
+from proxy.history.tokens import TokenCounter
 
 REPO = Path(__file__).resolve().parent.parent.parent
 MODULE = "benchmarks.realmodel"

@@ -8,7 +8,7 @@ The seam, in four verbs (`Dialect` in proxy/dialects/base.py):
     error_event(body, st)   -> an upstream error as one in-band SSE event of this API
 
 The neutral view is the list of chat-shaped messages the planners have always read
-(`proxy.messages`, `proxy.conversation`): pinned system/developer messages, user and
+(`proxy.history.messages`, `proxy.history.conversation`): pinned system/developer messages, user and
 assistant messages with text and attachment parts, assistant messages whose
 `tool_calls` carry ids, and `tool` results naming the call they answer. Planners keep
 the messages they do not change as the very same objects and make new dicts for the
@@ -24,6 +24,6 @@ from that item and is dropped only where its whole message is summarised. An ada
 for the Anthropic Messages API maps content blocks the same way (thinking blocks like
 reasoning, tool_use/tool_result like calls and results).
 
-Pure: no IO here (tests/planning/test_pure.py); the route (proxy/chat.py) reads the
+Pure: no IO here (tests/planning/test_pure.py); the route (proxy/edge/compacting.py) reads the
 bytes, runs the pipeline and relays the stream.
 """

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from proxy.messages import Message
+from proxy.history.messages import Message
 
 
 class PassReason(enum.StrEnum):
@@ -39,7 +39,7 @@ class Parsed:
 
     body: dict[str, Any]
     messages: list[Message]
-    # Numbers whose text Python would not write back the same (proxy.numbers).
+    # Numbers whose text Python would not write back the same (proxy.wire.numbers).
     kept_numbers: bool = False
     # id(neutral message) -> the API's own entries it stands for, in order (adapters
     # whose entries are not already neutral messages). The messages themselves are

@@ -3,7 +3,7 @@
 Its `messages` are the neutral view already: parse checks the body can be worked on,
 render writes it back with the rewritten messages (only `messages` changes; every
 other field goes through as sent), and the answer is read as chat completions or
-their chunks (proxy.sse).
+their chunks (proxy.wire.sse).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy import numbers
 from proxy.dialects.base import Parsed, PassReason, Unparsed
-from proxy.identity import chat_key_fields
-from proxy.messages import Message, json_bytes
-from proxy.sse import AnswerRecorder
+from proxy.history.identity import chat_key_fields
+from proxy.history.messages import Message, json_bytes
+from proxy.wire import numbers
+from proxy.wire.sse import AnswerRecorder
 
 
 def parse_json(raw: bytes) -> tuple[dict[str, Any], bool] | Unparsed:

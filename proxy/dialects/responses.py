@@ -34,8 +34,8 @@ from typing import Any
 from proxy.dialects.base import Parsed, PassReason, Unparsed
 from proxy.dialects.chat import error_object, parse_json, write_json
 from proxy.dialects.responses_answer import ResponsesRecorder
-from proxy.identity import chat_key_fields
-from proxy.messages import Message
+from proxy.history.identity import chat_key_fields
+from proxy.history.messages import Message
 
 ITEMS = "recap_items"
 _MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.sse import AnswerRecorder
+from proxy.wire.sse import AnswerRecorder
 
 _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 

@@ -2,7 +2,7 @@
 
 Session and loop plans, trimming, the window fit, summary framing and its guard, the
 fidelity check, the summarizer's transcript, and the typed outcomes the stages report.
-They read messages in the neutral view (`proxy.messages`, `proxy.conversation`; see
+They read messages in the neutral view (`proxy.history.messages`, `proxy.history.conversation`; see
 `proxy.dialects` for how each API maps onto it) and return plans; the stages in
 `proxy.stages` carry them out. Nothing here imports httpx, aiosqlite or asyncio
 (tests/planning/test_pure.py says so), so every planner is tested directly.

@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.messages import Message, is_pinned
+from proxy.history.messages import Message, is_pinned
 from proxy.planning.transcript import render_transcript
 
 # Characters per token, low estimates: dense scripts, and everything else.

@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.messages import Message, fingerprint
+from proxy.history.messages import Message, fingerprint
 from proxy.planning.transcript import head_tail
 from proxy.planning.trim import ARCHIVE_SCHEME
 

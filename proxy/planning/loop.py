@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from proxy.config import LoopCompaction
-from proxy.conversation import ToolRound, tool_rounds, turn_starts
-from proxy.messages import Message, is_pinned
+from proxy.history.conversation import ToolRound, tool_rounds, turn_starts
+from proxy.history.messages import Message, is_pinned
 from proxy.planning.budget import TranscriptBudget
 
 LoopTrigger = Literal["tool_rounds", "tokens"]

@@ -69,8 +69,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from proxy.config import SessionCompaction
-from proxy.conversation import turn_cut_points, valid_cut_points
-from proxy.messages import Message, is_pinned
+from proxy.history.conversation import turn_cut_points, valid_cut_points
+from proxy.history.messages import Message, is_pinned
 from proxy.planning.budget import TranscriptBudget
 
 # Summaries are written to a character budget; this converts it to tokens for the saving

@@ -10,7 +10,7 @@ placeholder naming the tool, the call id, the original size, its first and last 
 `recap://message/<fingerprint>`, where the archive keeps the original (lossy at runtime,
 lossless on disk). Only tool results are touched: user messages and assistant answers never
 are, nor results of trim_exclude_tools. The exception is attachments (image, audio and file
-parts, `proxy.attachments`) before the current turn: each becomes a text placeholder naming
+parts, `proxy.history.attachments`) before the current turn: each becomes a text placeholder naming
 its kind, its cost and the archived original. All eligible results are trimmed at once rather
 than "just enough": the set then only grows as rounds age, and the placeholder depends on
 the message and its tool's name only, so a trimmed prefix stays byte-identical across
@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy import attachments
 from proxy.config import TrimCompaction
-from proxy.conversation import (
+from proxy.history import attachments
+from proxy.history.conversation import (
     calls_of,
     match_results,
     result_key,
@@ -39,7 +39,7 @@ from proxy.conversation import (
     turn_starts,
     valid_cut_points,
 )
-from proxy.messages import Message, fingerprint, is_pinned
+from proxy.history.messages import Message, fingerprint, is_pinned
 
 ARCHIVE_SCHEME = "recap://message/"
 # How much of the first and last line a placeholder keeps.

@@ -1,5 +1,5 @@
 """The archive stage, first in the pipeline: how the client's messages are identified and
-archived (the archiver itself, its writer and journal: proxy/archive.py).
+archived (the archiver itself, its writer and journal: proxy/archive/archiver.py).
 
 Their identity (fingerprints and chain hashes, from the fingerprint cache) and the rows the
 archive lacks are worked out when first needed: for a small request that compacts nothing,
@@ -9,15 +9,15 @@ anything replaces an original.
 
 from __future__ import annotations
 
-from proxy.archive import Archiver
-from proxy.fingerprints import FingerprintCache
-from proxy.offload import OFF_LOOP_BYTES, off_loop
+from proxy.archive.archiver import Archiver
+from proxy.history.fingerprints import FingerprintCache
 from proxy.pipeline import Exchange, History
+from proxy.stages.offload import OFF_LOOP_BYTES, off_loop
 
 
 class ArchiveOriginals:
     """Sets the exchange's identity and archive hooks; a large body's identity and rows
-    are made now, its rows off the loop (proxy.offload)."""
+    are made now, its rows off the loop (proxy.stages.offload)."""
 
     name = "archive"
 

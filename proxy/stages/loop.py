@@ -29,8 +29,8 @@ import time
 from collections.abc import Mapping
 
 from proxy.config import LoopCompaction
-from proxy.conversation import is_turn_start, tool_rounds, turn_starts
-from proxy.messages import Classification, Message, is_pinned
+from proxy.history.conversation import is_turn_start, tool_rounds, turn_starts
+from proxy.history.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
 from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
@@ -43,8 +43,8 @@ from proxy.planning.transcript import (
     head_tail,
     render_within,
 )
-from proxy.scenes import SceneSet
 from proxy.stages.audit import audit
+from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
     MIN_TRANSCRIPT_TOKENS,
     CallLimits,

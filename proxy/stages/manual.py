@@ -16,8 +16,8 @@ from typing import Any
 
 from proxy.config import Config, Tenant
 from proxy.errors import CompactionFailed, Conflict, NotFound
-from proxy.measure import Measure
-from proxy.messages import classify
+from proxy.history.measure import Measure
+from proxy.history.messages import classify
 from proxy.pipeline import Exchange
 from proxy.planning.outcome import in_words
 from proxy.stages.session import SessionStage

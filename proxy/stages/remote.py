@@ -22,18 +22,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.archive import message_json
+from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
 from proxy.errors import BadRequest, CompactionFailed, Conflict
-from proxy.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
+from proxy.history.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
+from proxy.history.tokens import TokenCounter
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
 from proxy.planning.outcome import retry_detail
 from proxy.planning.reference import BadReference, Reference, issue, verify
 from proxy.planning.remote import Usage, compaction_item, is_compaction, summary_item
 from proxy.planning.transcript import detect_language, render_transcript, render_within
-from proxy.scenes import SceneSet
 from proxy.stages.audit import audit
+from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
     MIN_TRANSCRIPT_TOKENS,
     Summarizer,
@@ -41,7 +42,6 @@ from proxy.stages.summarize import (
     call_limits,
 )
 from proxy.store.base import CompactionRecord, ConversationRef, NewSummary, Store
-from proxy.tokens import TokenCounter
 
 log = logging.getLogger("recap.remote")
 

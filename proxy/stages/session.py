@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.config import SessionCompaction, Tenant
-from proxy.conversation import turn_starts
-from proxy.identity import is_derived
-from proxy.messages import Classification, Message, is_pinned
+from proxy.history.conversation import turn_starts
+from proxy.history.identity import is_derived
+from proxy.history.messages import Classification, Message, is_pinned
+from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Exchange
 from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
@@ -45,8 +46,8 @@ from proxy.planning.transcript import (
     head_tail,
     render_within,
 )
-from proxy.scenes import SceneSet
 from proxy.stages.audit import audit
+from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
     MIN_TRANSCRIPT_TOKENS,
     Breaker,
@@ -57,7 +58,6 @@ from proxy.stages.summarize import (
     call_limits,
 )
 from proxy.store.base import CompactionRecord, NewSummary, Store, SummaryVersion
-from proxy.tokens import TokenCounter
 
 log = logging.getLogger("recap.session")
 

@@ -29,14 +29,14 @@ import httpx
 
 from proxy.config import Tenant
 from proxy.errors import RecapError
-from proxy.messages import json_bytes
+from proxy.history.messages import json_bytes
 from proxy.planning.budget import TranscriptBudget, summary_max_tokens, summary_tokens
 from proxy.planning.budget import transcript_budget as make_budget
 from proxy.planning.framing import check_summary, complete_sections, extract_summary
 from proxy.planning.guard import guard_summary
-from proxy.scenes import Scene, render_values
+from proxy.stages.scenes import Scene, render_values
 from proxy.store.base import ConversationRef
-from proxy.upstream import UpstreamClient, UpstreamPool, mapped_errors, upstream_url
+from proxy.upstream.client import UpstreamClient, UpstreamPool, mapped_errors, upstream_url
 
 # Marks the proxy's own calls, so an upstream gateway can tell them from the client's.
 PURPOSE_HEADER = "x-recap-purpose"

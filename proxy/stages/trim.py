@@ -18,8 +18,8 @@ import json
 import logging
 from typing import Literal
 
-from proxy.conversation import turn_starts
-from proxy.messages import Message, fingerprint
+from proxy.history.conversation import turn_starts
+from proxy.history.messages import Message, fingerprint
 from proxy.pipeline import Exchange
 from proxy.planning.fidelity import plan_fidelity
 from proxy.planning.outcome import CompactionOutcome

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
 
-from proxy.conversation_ref import ConversationRef as ConversationRef
+from proxy.history.conversation_ref import ConversationRef as ConversationRef
 
 Layer = Literal["session", "loop", "trim", "fit_to_window", "manual"]
 Outcome = Literal["ok", "failed", "skipped"]
@@ -145,13 +145,13 @@ class ExchangeRecord:
     events: Sequence[tuple[EventType, Mapping[str, Any]]]
     params: Sequence[tuple[str, str]] = ()
     # When it happened (epoch seconds), for a record stored later than that (journaled,
-    # proxy/journal.py); None: when it is stored.
+    # proxy/archive/journal.py); None: when it is stored.
     at: float | None = None
 
 
 @dataclass(frozen=True)
 class JournalMark:
-    """How far one process's archive journal (proxy/journal.py) is in the store: every
+    """How far one process's archive journal (proxy/archive/journal.py) is in the store: every
     record of its segments before `segment`, and the first `position` records of it."""
 
     owner: str

@@ -179,7 +179,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "per-deployment values",
         ("CREATE TABLE deployment (name TEXT NOT NULL PRIMARY KEY, value TEXT NOT NULL)",),
     ),
-    # How far each process's archive journal is in the store (proxy/journal.py), written
+    # How far each process's archive journal is in the store (proxy/archive/journal.py), written
     # in the transaction of the records it counts: a journal replayed after a crash
     # stores each record exactly once.
     Migration(

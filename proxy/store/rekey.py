@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.messages import PINNED_ROLES, chain_of, fingerprint
+from proxy.history.messages import PINNED_ROLES, chain_of, fingerprint
 
 # Event payload fields that hold lists of message fingerprints.
 FINGERPRINT_LISTS = {"request": ("messages", "sent"), "trim": ("originals",)}

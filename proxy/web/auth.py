@@ -1,7 +1,7 @@
 """Who is looking at the web page: operator keys, the session cookie, cross-site checks.
 
 Off the data path. The page accepts the keys of the JSON operator routes, by the
-same rules (`proxy.operator.resolve_caller`): an admin key sees every tenant, a
+same rules (`proxy.edge.operator.resolve_caller`): an admin key sees every tenant, a
 tenant's proxy key only its tenant. A browser logs in once at `/recap/login`;
 scripts send `Authorization: Bearer KEY`. Keys never travel in URLs.
 
@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from proxy.config import Config
 from proxy.errors import RecapError
-from proxy.identity import bearer_token
+from proxy.history.identity import bearer_token
 
 COOKIE = "recap_session"
 SESSION_S = 12 * 3600

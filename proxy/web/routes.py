@@ -1,6 +1,6 @@
 """The operator web page's routes under `/recap/`: HTTP in, escaped HTML out.
 
-Off the data path, beside the JSON operator routes (`proxy.operator`), whose rules
+Off the data path, beside the JSON operator routes (`proxy.edge.operator`), whose rules
 and code it reuses: `resolve_caller` decides what a key may see, `inspection`
 reads, `manual_compaction` and `inspection.rollback` act. This module only reads
 the request (credential, query, form), calls them, and renders `RecapError`s as
@@ -25,10 +25,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from proxy.archive.inspection import detail, list_page, parse_version, rollback
+from proxy.edge.operator import Caller, manual_compaction, resolve_caller
+from proxy.edge.record import log_fields
 from proxy.errors import BadRequest, Conflict, NotFound, RecapError, Unauthorized
-from proxy.inspection import detail, list_page, parse_version, rollback
-from proxy.logs import log_fields
-from proxy.operator import Caller, manual_compaction, resolve_caller
 from proxy.state import AppState
 from proxy.store.base import ConversationRef, StoreError
 from proxy.web.auth import (

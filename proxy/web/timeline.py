@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.inspection import archived
+from proxy.archive.inspection import archived
 from proxy.store.base import ConversationRef, Event, Store
 
 MAX_POINTS = 300

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.conversation import check_history, tool_rounds, valid_cut_points
 from proxy.dialects.base import Parsed, PassReason, Unparsed
 from proxy.dialects.responses import ITEMS, ResponsesDialect
-from proxy.messages import Classification, classify
+from proxy.history.conversation import check_history, tool_rounds, valid_cut_points
+from proxy.history.messages import Classification, classify
 from proxy.planning.framing import summary_message
 from proxy.planning.trim import without_attachments
 from tests.fake_responses import input_problems

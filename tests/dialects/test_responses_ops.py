@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
 from proxy.dialects.responses import ITEMS
-from proxy.messages import fingerprint
+from proxy.history.messages import fingerprint
 from tests.conftest import make_config
 from tests.fake_responses import Answer, FakeResponses
 from tests.servers import serve

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.conversation import check_history
+from proxy.history.conversation import check_history
 from proxy.planning.fidelity import plan_fidelity
 from proxy.planning.trim import TrimPlan, apply_trim
 

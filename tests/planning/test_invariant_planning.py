@@ -27,8 +27,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.config import LoopCompaction, SessionCompaction, TrimCompaction
-from proxy.conversation import tool_rounds, turn_starts
-from proxy.messages import Classification, Message, chain_of, classify, fingerprint, split_pinned
+from proxy.history.conversation import tool_rounds, turn_starts
+from proxy.history.messages import (
+    Classification,
+    Message,
+    chain_of,
+    classify,
+    fingerprint,
+    split_pinned,
+)
 from proxy.pipeline import DEFAULT_OUTPUT_SHARE
 from proxy.planning.fidelity import plan_fidelity
 from proxy.planning.framing import summary_message

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import LoopCompaction
-from proxy.conversation import tool_rounds, turn_starts
-from proxy.messages import Classification, Message, classify
+from proxy.history.conversation import tool_rounds, turn_starts
+from proxy.history.messages import Classification, Message, classify
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop
 from tests.test_conversation import assert_valid, by_task, call, chain, count, tool_loop
 

@@ -24,9 +24,9 @@ def _modules(package: object) -> list[str]:
 PURE = [
     "proxy.planning",
     *_modules(proxy.planning),
-    "proxy.identity",
-    "proxy.messages",
-    "proxy.conversation",
+    "proxy.history.identity",
+    "proxy.history.messages",
+    "proxy.history.conversation",
     # The adapters' parse and render halves (their streams are relayed by bytes).
     "proxy.dialects",
     *_modules(proxy.dialects),

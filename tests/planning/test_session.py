@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from proxy.config import SessionCompaction
-from proxy.conversation import tool_rounds, turn_cut_points, turn_starts, valid_cut_points
-from proxy.messages import Classification, Message, classify, split_pinned
+from proxy.history.conversation import tool_rounds, turn_cut_points, turn_starts, valid_cut_points
+from proxy.history.messages import Classification, Message, classify, split_pinned
+from proxy.history.tokens import TokenCounter
 from proxy.planning.session import (
     CHARS_PER_TOKEN,
     AppliedSummary,
@@ -27,7 +28,6 @@ from proxy.planning.session import (
     quiet_reason,
     session_view,
 )
-from proxy.tokens import TokenCounter
 from tests.test_conversation import (
     assert_valid,
     by_task,

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import TrimCompaction
-from proxy.conversation import check_history, tool_rounds, turn_starts
-from proxy.messages import Message, fingerprint
+from proxy.history.conversation import check_history, tool_rounds, turn_starts
+from proxy.history.messages import Message, fingerprint
 from proxy.planning.trim import (
     ARCHIVE_SCHEME,
     TrimPlan,

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.conversation import check_history, tool_rounds
+from proxy.history.conversation import check_history, tool_rounds
 from tests.fakes import FakeUpstream, Reply, extractive_summary
 
 FRAME = "<recap-summary>"

@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.conversation import check_history
+from proxy.history.conversation import check_history
 from tests.fakes import FakeUpstream
 
 FRAME = "<recap-summary>"

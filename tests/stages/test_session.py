@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from proxy.conversation import check_history
-from proxy.tokens import TokenCounter
+from proxy.history.conversation import check_history
+from proxy.history.tokens import TokenCounter
 from tests.fakes import FakeUpstream, Reply
 from tests.invariant import assert_nothing_lost
 from tests.trajectories import DATA, chained, model_calls, sessions

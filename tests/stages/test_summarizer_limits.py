@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from proxy.tokens import TokenCounter
+from proxy.history.tokens import TokenCounter
 from tests.conftest import LogCapture
 from tests.faults import (
     MODEL,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from proxy.cli import main
-from proxy.messages import chain_hashes, fingerprint, split_pinned
+from proxy.history.messages import chain_hashes, fingerprint, split_pinned
+from proxy.ops.cli import main
 from proxy.store import (
     CompactionRecord,
     ConversationRef,

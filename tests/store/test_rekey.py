@@ -17,7 +17,7 @@ import aiosqlite
 import asyncpg
 import pytest
 
-from proxy.messages import chain_hashes, chain_of, fingerprint, split_pinned
+from proxy.history.messages import chain_hashes, chain_of, fingerprint, split_pinned
 from proxy.store import ConversationRef, open_store
 from proxy.store.migrations import migrate as sqlite_migrate
 from proxy.store.pg_migrations import migrate as pg_migrate

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from proxy.messages import chain_hashes, fingerprint, split_pinned
+from proxy.history.messages import chain_hashes, fingerprint, split_pinned
 from proxy.store import (
     CompactionRecord,
     ConversationRef,

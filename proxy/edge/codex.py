@@ -1,0 +1,276 @@
+"""Codex remote compaction at the edge: `/v1/responses/compact`, and a gate before `/v1/responses`.
+
+    POST /v1/responses/compact          -> Recap's own answer: one `compaction` item (JSON)
+    POST /v1/responses, input ends in a compaction_trigger
+                                        -> Recap's own answer: one `compaction` item (SSE
+                                           when `stream` is true, else JSON)
+    POST /v1/responses, input holds compaction items Recap issued
+                                        -> each replaced by its summary, then the route
+                                           (proxy/edge/compacting.py with the Responses adapter)
+    anything else                       -> the route, with the very bytes the client sent
+
+A compaction item that is not a valid reference for this tenant is a 400
+(`invalid_compaction_reference`) and nothing goes upstream. A tenant whose
+`remote_compaction` is `passthrough` (an upstream that is OpenAI itself) skips all of
+this: both routes forward as they came. See docs/codex.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.config import Tenant
+from proxy.dialects.base import Parsed, Unparsed
+from proxy.dialects.chat import parse_json, write_json
+from proxy.dialects.responses import ResponsesDialect, server_history_key
+from proxy.edge.body import READ_BODY, ReadBody, read_request
+from proxy.edge.record import log_fields
+from proxy.edge.relay import (
+    ClientDisconnected,
+    Receive,
+    Responder,
+    Scope,
+    Send,
+    header_map,
+    until_disconnect,
+)
+from proxy.errors import BadRequest, RecapError
+from proxy.history.identity import conversation_ref, resolve_tenant
+from proxy.planning.remote import (
+    RemoteAction,
+    compact_object,
+    may_hold_compaction,
+    read_input,
+    response_object,
+    stream_events,
+)
+from proxy.stages.remote import Compacted, RemoteCompactor
+from proxy.state import AppState
+
+log = logging.getLogger("recap.remote")
+
+App = Any  # an ASGI app
+
+
+def _with_body(scope: Scope, body: bytes) -> Scope:
+    """`scope` for a body Recap rewrote: its length, no Content-Encoding (it is identity)."""
+    headers = [
+        (k, v)
+        for k, v in scope["headers"]
+        if k.lower() not in (b"content-length", b"content-encoding", b"transfer-encoding")
+    ]
+    return {
+        **scope,
+        "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        READ_BODY: ReadBody(body, body),
+    }
+
+
+def _input_of(decoded: bytes | None) -> tuple[dict[str, Any], bool, list[Any]] | None:
+    """The body, whether it keeps numbers as written, and its input items; None when
+    this is not a body remote compaction reads (the route decides what to do with it)."""
+    if decoded is None:
+        return None
+    loaded = parse_json(decoded)
+    if isinstance(loaded, Unparsed):
+        return None
+    body, kept = loaded
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        return None
+    return body, kept, items
+
+
+class _Compaction:
+    """What both routes share: expand, then compact and answer."""
+
+    dialect = ResponsesDialect()
+
+    async def compact(
+        self,
+        state: AppState,
+        scope: Scope,
+        tenant: Tenant,
+        body: dict[str, Any],
+        kept: bool,
+        history: list[Any],
+    ) -> Compacted:
+        remote = _remote(state)
+        headers = header_map(scope)
+        fields = log_fields(scope)
+        view = {k: v for k, v in body.items() if k != "input"} | {"input": history}
+        parsed = self.dialect.parse(write_json(view, kept))
+        if not isinstance(parsed, Parsed):
+            raise BadRequest(f"This compaction request cannot be read: {parsed.detail}.")
+        conv = conversation_ref(
+            state.config,
+            tenant,
+            headers,
+            parsed.body,
+            candidates=self.dialect.key_fields(parsed.body),
+            messages=parsed.messages,
+        )
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        fields.update(conversation=conv.key, model=model, messages=len(parsed.messages))
+        done = await remote.compact(
+            tenant,
+            conv,
+            parsed.messages,
+            model=model,
+            authorization=headers.get("authorization"),
+            request_id=str(fields.get("request_id", "")),
+        )
+        fields.update(remote_compaction_version=done.version, remote_compaction_reused=done.reused)
+        return done
+
+
+def _remote(state: AppState) -> RemoteCompactor:
+    remote = state.remote
+    assert remote is not None  # built in the lifespan with the pipeline
+    return remote
+
+
+class ResponsesCompact(_Compaction):
+    """`POST /v1/responses/compact` (Codex's compaction v1)."""
+
+    def __init__(self, passthrough: App) -> None:
+        self.passthrough = passthrough
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state: AppState = scope["state"]["recap"]
+        fields = log_fields(scope)
+        responder = Responder(send, [])
+        try:
+            tenant = resolve_tenant(state.config, header_map(scope))
+            if tenant.remote_compaction == "passthrough":
+                await self.passthrough(scope, receive, send)
+                return
+            fields.update(tenant=tenant.name, remote_compaction=RemoteAction.COMPACT.value)
+            read = await read_request(scope, receive, state.config.max_body_bytes)
+            found = _input_of(read.decoded)
+            if found is None:
+                raise BadRequest("A compaction request needs a JSON body with an `input`.")
+            body, kept, items = found
+            history = await _remote(state).expand(tenant, read_input(items).history)
+            done = await until_disconnect(
+                receive, self.compact(state, scope, tenant, body, kept, history)
+            )
+            await responder.json(
+                200, compact_object(_response_id(), int(time.time()), done.item, done.usage)
+            )
+        except RecapError as err:
+            fields["error"] = err.code
+            await responder.error(err)
+        except ClientDisconnected:
+            fields["client_disconnected"] = True
+
+
+class CodexGate(_Compaction):
+    """Before `POST /v1/responses`: compaction triggers answered, compaction items expanded."""
+
+    def __init__(self, route: App) -> None:
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state: AppState = scope["state"]["recap"]
+        fields = log_fields(scope)
+        responder = Responder(send, [])
+        try:
+            tenant = resolve_tenant(state.config, header_map(scope))
+        except RecapError:
+            await self.route(scope, receive, send)  # the route answers it, as always
+            return
+        if tenant.remote_compaction == "passthrough":
+            await self.route(scope, receive, send)
+            return
+        try:
+            read = await read_request(scope, receive, state.config.max_body_bytes)
+            found = None
+            if read.decoded is not None and may_hold_compaction(read.decoded):
+                found = _input_of(read.decoded)
+            asked = read_input(found[2]) if found is not None else None
+            if found is None or asked is None or not (asked.triggered or asked.compactions):
+                scope[READ_BODY] = read  # the route reads it from here, not again
+                await self.route(scope, receive, send)
+                return
+            body, kept, _ = found
+            if server_history_key(body) is not None:
+                # The upstream holds the history: Recap cannot compact or expand it.
+                log.info(
+                    "compaction item or trigger with a history the upstream holds: forwarded",
+                    extra={"request_id": fields.get("request_id")},
+                )
+                scope[READ_BODY] = read
+                await self.route(scope, receive, send)
+                return
+            fields["tenant"] = tenant.name
+            history = await _remote(state).expand(tenant, asked.history)
+            if not asked.triggered:
+                fields["remote_compaction"] = RemoteAction.EXPANDED.value
+                rewritten = write_json({**body, "input": history}, kept)
+                await self.route(_with_body(scope, rewritten), receive, send)
+                return
+            fields["remote_compaction"] = RemoteAction.TRIGGER.value
+            await until_disconnect(
+                receive, self._answer(state, scope, tenant, body, kept, history, responder)
+            )
+        except RecapError as err:
+            fields["error"] = err.code
+            await responder.error(err)
+        except ClientDisconnected:
+            fields["client_disconnected"] = True
+
+    async def _answer(
+        self,
+        state: AppState,
+        scope: Scope,
+        tenant: Tenant,
+        body: dict[str, Any],
+        kept: bool,
+        history: list[Any],
+        responder: Responder,
+    ) -> None:
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        response_id, created = _response_id(), int(time.time())
+        if body.get("stream") is not True:
+            done = await self.compact(state, scope, tenant, body, kept, history)
+            await responder.json(
+                200, response_object(response_id, model, created, done.item, done.usage)
+            )
+            return
+        # Streamed: open the stream now, so a long summarizer call keeps it alive.
+        await responder.start_sse([(b"x-accel-buffering", b"no")])
+        await responder.comment("recap compacting")
+        try:
+            done = await self.compact(state, scope, tenant, body, kept, history)
+        except RecapError as err:
+            log_fields(scope)["error"] = err.code
+            await responder.chunk(_failed(response_id, model, created, err))
+            await responder.end()
+            return
+        for event in stream_events(response_id, model, created, done.item, done.usage):
+            await responder.chunk(_sse(event))
+        await responder.end()
+
+
+def _response_id() -> str:
+    return "resp_recap_" + uuid.uuid4().hex
+
+
+def _sse(event: Mapping[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+def _failed(response_id: str, model: str | None, created: int, err: RecapError) -> bytes:
+    """`response.failed`, the event a Responses client reads as a failed response."""
+    response = response_object(response_id, model, created, None, None)
+    error = err.body()["error"]
+    response.update(status="failed", error={"code": error["code"], "message": error["message"]})
+    return _sse({"type": "response.failed", "sequence_number": 0, "response": response})

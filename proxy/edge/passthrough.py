@@ -1,0 +1,110 @@
+"""Every other `/v1/...` route: forwarded verbatim, both ways, streamed.
+
+Method, query, body (streamed, never buffered), and headers minus hop-by-hop
+ones go up; status, headers and body come back as raw bytes, so a compressed
+upstream body keeps its Content-Encoding and is never decoded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+
+from proxy.config import Upstream
+from proxy.edge.record import log_fields
+from proxy.edge.relay import (
+    ClientDisconnected,
+    Receive,
+    Responder,
+    Scope,
+    Send,
+    body_chunks,
+    check_declared,
+    content_length,
+    header_map,
+    until_disconnect,
+)
+from proxy.errors import RecapError
+from proxy.history.identity import resolve_tenant
+from proxy.state import AppState
+from proxy.upstream.client import (
+    UpstreamClient,
+    mapped_errors,
+    request_headers,
+    response_headers,
+    upstream_url,
+)
+
+
+class Passthrough:
+    """ASGI app; the app's long-lived state comes from lifespan state in the scope."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state: AppState = scope["state"]["recap"]
+        start = time.perf_counter()
+        fields = log_fields(scope)
+        responder = Responder(send, [])
+        headers = header_map(scope)
+        limit = state.config.max_body_bytes
+        try:
+            tenant = resolve_tenant(state.config, headers)
+            fields["tenant"] = tenant.name
+            declared = content_length(scope)
+            check_declared(declared, limit)
+            has_body = declared is not None or "transfer-encoding" in headers
+            body_done = asyncio.Event()
+            upstream = tenant.upstream
+            client = state.upstreams.client(upstream)
+            out_headers = request_headers(scope["headers"], upstream, keep_encoding=True)
+            if declared is not None:
+                out_headers.append((b"content-length", str(declared).encode()))
+            request = client.build_request(
+                scope["method"],
+                upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
+                headers=out_headers,
+                content=_body(receive, limit, body_done) if has_body else None,
+            )
+            if not has_body:
+                body_done.set()
+            fields["overhead_ms"] = round((time.perf_counter() - start) * 1000, 1)
+            await until_disconnect(
+                receive, self._forward(client, upstream, request, responder), body_done
+            )
+        except RecapError as err:
+            fields["error"] = err.code
+            await responder.error(err)
+        except ClientDisconnected:
+            fields["client_disconnected"] = True
+
+    async def _forward(
+        self,
+        client: UpstreamClient,
+        upstream: Upstream,
+        request: httpx.Request,
+        responder: Responder,
+    ) -> None:
+        # A RecapError raised here is answered where it is also logged (and counted).
+        with mapped_errors(upstream):
+            response = await client.send(request)
+        try:
+            await responder.start(
+                response.status_code, response_headers(response.headers, decoded=False)
+            )
+            with mapped_errors(upstream):
+                async for chunk in response.aiter_raw():
+                    await responder.chunk(chunk)
+            await responder.end()
+        finally:
+            await response.aclose()
+
+
+async def _body(receive: Receive, limit: int, done: asyncio.Event) -> AsyncIterator[bytes]:
+    """The streamed request body; `done` tells the disconnect watcher it may listen."""
+    try:
+        async for chunk in body_chunks(receive, limit):
+            yield chunk
+    finally:
+        done.set()

@@ -1,0 +1,8 @@
+"""Talking to the upstream API: the outbound side of every request and summarizer call.
+
+    client       pooled clients per upstream, the forwarded headers, and the one
+                 boundary where httpx errors become Recap's errors (`mapped_errors`)
+    error_answer an upstream's error answer, read within a bound and replayed
+
+May import: `proxy.config`, `proxy.errors`, and the pure layers (tests/test_layers.py).
+"""
