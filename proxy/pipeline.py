@@ -167,6 +167,12 @@ class Exchange:
         finally:
             task.cancel()
 
+    def count_for_log(self) -> None:
+        """The logged `input_tokens`, if no stage counted them: after the response, off
+        the latency path."""
+        if "input_tokens" not in self.log_fields:
+            self.log_fields["input_tokens"] = self.measure.total(self.messages)
+
     @property
     def changed(self) -> bool:
         return self.messages is not self.original

@@ -47,7 +47,6 @@ from proxy.archive.archived import ArchivedIndex
 from proxy.archive.journal import Journal, orphans
 from proxy.history.messages import Message
 from proxy.pipeline import Exchange
-from proxy.stages.estimate import count_for_log
 from proxy.store.base import (
     ConversationRef,
     EventType,
@@ -172,7 +171,7 @@ class Archiver:
         until it resolves, so an answered request is durable even if the process is killed
         right after.
         """
-        count_for_log(ex)  # tokens_after; mostly seeded counts, so cheap
+        ex.count_for_log()  # tokens_after; mostly seeded counts, so cheap
         conv = ex.conversation
         session, trim = ex.outcome("session"), ex.outcome("trim")
         rows = self.unarchived(ex)  # for most requests, first worked out now

@@ -24,6 +24,6 @@ from that item and is dropped only where its whole message is summarised. An ada
 for the Anthropic Messages API maps content blocks the same way (thinking blocks like
 reasoning, tool_use/tool_result like calls and results).
 
-Pure: no IO here (tests/planning/test_pure.py); the route (proxy/edge/compacting.py) reads the
+Pure: no IO here (tests/test_layers.py); the route (proxy/edge/compacting.py) reads the
 bytes, runs the pipeline and relays the stream.
 """

@@ -41,7 +41,6 @@ from proxy.history.measure import Measure
 from proxy.history.messages import classify
 from proxy.pipeline import Control, Exchange
 from proxy.stages.calibration import calibrate
-from proxy.stages.estimate import count_for_log
 from proxy.stages.offload import off_loop
 from proxy.state import AppState
 from proxy.upstream.client import (
@@ -216,7 +215,7 @@ class ChatCompletions:
         finally:
             await response.aclose()
             if exchange is not None:
-                count_for_log(exchange)  # when no record was begun
+                exchange.count_for_log()  # when no record was begun
                 state.fingerprints.remember_counts(
                     exchange.conversation,
                     exchange.original,

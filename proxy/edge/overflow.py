@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.pipeline import Exchange
+from proxy.upstream.error_answer import MAX_ERROR_BYTES
 
 RETRY_HEADER = "x-recap-overflow-retry"
 # Share of the stated limit the retry budgets for (room for the upstream's own framing).
 RETRY_MARGIN = 0.9
 FALLBACK_SHRINK = 0.7
-MAX_ERROR_BYTES = 64 * 1024
 
 _LIMIT_PATTERNS = [
     re.compile(r"maximum context length is (\d+) tokens", re.I),

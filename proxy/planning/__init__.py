@@ -5,5 +5,5 @@ fidelity check, the summarizer's transcript, and the typed outcomes the stages r
 They read messages in the neutral view (`proxy.history.messages`, `proxy.history.conversation`; see
 `proxy.dialects` for how each API maps onto it) and return plans; the stages in
 `proxy.stages` carry them out. Nothing here imports httpx, aiosqlite or asyncio
-(tests/planning/test_pure.py says so), so every planner is tested directly.
+(tests/test_layers.py says so), so every planner is tested directly.
 """

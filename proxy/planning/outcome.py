@@ -11,13 +11,9 @@ metrics, the archived request event and the manual compaction route.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from proxy.pipeline import Exchange
+from typing import Any, Literal
 
 Layer = Literal["session", "loop", "trim", "fit_to_window"]
 Action = Literal["compacted", "applied", "skipped", "failed"]
@@ -113,23 +109,6 @@ def layers(outcomes: Iterable[CompactionOutcome]) -> list[str]:
         if o.changed_view and o.layer not in out:
             out.append(o.layer)
     return out
-
-
-def log_started(logger: logging.Logger, ex: Exchange, layer: Layer, trigger: str | None) -> None:
-    """One line when a summarizer call starts: a long compaction is visible while it runs."""
-    logger.info(
-        "compaction started",
-        extra={
-            "fields": {
-                "msg": "compaction started",
-                "request_id": ex.request_id,
-                "tenant": ex.tenant.name,
-                "conversation": ex.conversation.key,
-                "layer": layer,
-                "trigger": trigger,
-            }
-        },
-    )
 
 
 def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """One audit row and one archive event per compaction attempt (seed 003, seed 002 §5.3).
 
 Both are for operators; failing to write them must not undo a compaction that
-succeeded, so store errors are logged here and go no further.
+succeeded, so store errors are logged here and go no further. Beside them, the log
+line a stage writes when a summarizer call starts (`log_started`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.pipeline import Exchange
+from proxy.planning.outcome import Layer
 from proxy.store.base import CompactionRecord, ConversationRef, EventType, Store, StoreError
 
 log = logging.getLogger("recap.audit")
@@ -49,3 +52,20 @@ async def audit(
         await store.append_event(conv, EVENT_OF_LAYER[record.layer], event)
     except StoreError as exc:
         log.warning("audit row not written (%s %s): %s", record.layer, record.outcome, exc)
+
+
+def log_started(logger: logging.Logger, ex: Exchange, layer: Layer, trigger: str | None) -> None:
+    """One line when a summarizer call starts: a long compaction is visible while it runs."""
+    logger.info(
+        "compaction started",
+        extra={
+            "fields": {
+                "msg": "compaction started",
+                "request_id": ex.request_id,
+                "tenant": ex.tenant.name,
+                "conversation": ex.conversation.key,
+                "layer": layer,
+                "trigger": trigger,
+            }
+        },
+    )

@@ -11,11 +11,6 @@ from proxy.planning.outcome import in_words
 from proxy.planning.outcome import log_fields as outcome_fields
 
 
-def count_for_log(exchange: Exchange) -> None:
-    if "input_tokens" not in exchange.log_fields:
-        exchange.log_fields["input_tokens"] = exchange.measure.total(exchange.messages)
-
-
 class EstimateTokens:
     """Estimate the outgoing input tokens (logged, and used by later figures)."""
 
@@ -37,7 +32,7 @@ class EstimateTokens:
             )
         if exchange.changed:
             # The headers need both counts now; otherwise the count is made for the
-            # log after the response (`count_for_log`), off the latency path.
+            # log after the response (`Exchange.count_for_log`), off the latency path.
             tokens = exchange.measure.total(exchange.messages)
             exchange.log_fields["input_tokens"] = tokens
             before = exchange.measure.total(exchange.original)

@@ -36,14 +36,14 @@ from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
-from proxy.planning.outcome import CompactionOutcome, log_started, retry_detail
+from proxy.planning.outcome import CompactionOutcome, retry_detail
 from proxy.planning.transcript import (
     content_text,
     detect_language,
     head_tail,
     render_within,
 )
-from proxy.stages.audit import audit
+from proxy.stages.audit import audit, log_started
 from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
     MIN_TRANSCRIPT_TOKENS,

@@ -32,7 +32,7 @@ from proxy.pipeline import Exchange
 from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
-from proxy.planning.outcome import CompactionOutcome, log_started, retry_detail
+from proxy.planning.outcome import CompactionOutcome, retry_detail
 from proxy.planning.session import (
     AppliedSummary,
     SessionPlan,
@@ -46,7 +46,7 @@ from proxy.planning.transcript import (
     head_tail,
     render_within,
 )
-from proxy.stages.audit import audit
+from proxy.stages.audit import audit, log_started
 from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
     MIN_TRANSCRIPT_TOKENS,

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from proxy.edge.overflow import MAX_ERROR_BYTES
-
+# What is read of an error answer to tell an overflow from other errors.
+MAX_ERROR_BYTES = 64 * 1024
 MAX_ERROR_BODY = 64 * 1024
 
 
