@@ -15,12 +15,13 @@ on the same neutral form for both APIs:
     tool message                              a `function_call_output` item
 
 Back (`to_chat`), a `function_call_output` gets the `name` of the call it answers when
-`name_results` (the τ-bench and generated sessions' clients name their results; the Responses
-item has no such field), an assistant message item and the calls right after it are one
-assistant message, and an assistant message without text has `content: None`, as in the
-recorded sessions. Items this module does not write (reasoning, built-in calls) are kept
+`name_results` (the τ-bench and generated sessions' clients name their results; the
+Responses item has no such field), an assistant message item and the calls right after it
+are one assistant message, and an assistant message without text has `content: None`, as in
+the recorded sessions. Items this module does not write (reasoning, built-in calls) are kept
 as `{"role": "opaque", "item": ...}`, so a history holding them never compares equal to a
-chat one. For these sessions `to_chat(*to_input(m)) == m` (tests/test_responses_shape.py).
+chat one. For these sessions `to_chat(*to_input(m)) == m`
+(tests/benchmarks/test_responses_shape.py).
 """
 
 from __future__ import annotations

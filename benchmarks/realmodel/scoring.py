@@ -1,7 +1,7 @@
 """Pure scoring of the summaries a real model wrote: language, constraints, decision status.
 
-The only part of `benchmarks.realmodel` that tests import (tests/test_realmodel_scoring.py):
-no IO, no model. Definitions:
+The only part of `benchmarks.realmodel` that tests import
+(tests/benchmarks/test_realmodel_scoring.py): no IO, no model. Definitions:
 
 - language: `language_of` counts CJK ideographs and Latin letters in the text, leaving out
   Markdown headings (the scene keeps them in English), `<summary>` tags and tokens that

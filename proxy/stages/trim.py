@@ -29,6 +29,7 @@ from proxy.store.base import CompactionRecord, Store
 
 log = logging.getLogger("recap.trim")
 
+
 class TrimStage:
     name = "trim"
 

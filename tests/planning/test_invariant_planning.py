@@ -1,6 +1,6 @@
 """The invariant over thousands of generated histories, at the planners (issue 12.2).
 
-`tests/test_invariant.py` drives whole client sessions through real servers, which
+`tests/system/test_invariant.py` drives whole client sessions through real servers, which
 allows tens of them per run. This drives the pure planning functions the stages call,
 in the stages' order (session plan and view, loop plan and view, trim plan, fidelity,
 fit), with the stored state a fake summarizer would leave behind: session summary

@@ -12,7 +12,7 @@ from proxy.config import LoopCompaction
 from proxy.history.conversation import tool_rounds, turn_starts
 from proxy.history.messages import Classification, Message, classify
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop
-from tests.test_conversation import assert_valid, by_task, call, chain, count, tool_loop
+from tests.history.test_conversation import assert_valid, by_task, call, chain, count, tool_loop
 
 POLICY = LoopCompaction()  # 5 rounds to trigger beyond 5 kept
 

@@ -28,7 +28,7 @@ from proxy.planning.session import (
     quiet_reason,
     session_view,
 )
-from tests.test_conversation import (
+from tests.history.test_conversation import (
     assert_valid,
     by_task,
     chain,

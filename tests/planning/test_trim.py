@@ -20,7 +20,7 @@ from proxy.planning.trim import (
     plan_trim,
     trimmed_content,
 )
-from tests.test_conversation import (
+from tests.history.test_conversation import (
     assert_valid,
     by_task,
     call,

@@ -12,8 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.fakes import FakeUpstream, Reply
-from tests.test_operator import (
+from tests.edge.test_operator import (
     ADMIN,
     KEYS,
     auth,
@@ -22,6 +21,7 @@ from tests.test_operator import (
     two_tenants,
     wait_for,
 )
+from tests.fakes import FakeUpstream, Reply
 from tests.trajectories import chained, model_calls, sessions
 
 # Summary markers are words, not ids: the guard strikes ids the input never held.

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.edge.metrics import compactions_of, route_of
 from proxy.planning.outcome import CompactionOutcome, log_fields
 from tests.conftest import LogCapture
+from tests.edge.test_operator import agent_loop
 from tests.fakes import FakeUpstream, Reply
-from tests.test_operator import agent_loop
 from tests.trajectories import DATA, chained, model_calls, sessions
 
 

@@ -16,7 +16,7 @@ import yaml
 from tests.fakes import FakeUpstream
 from tests.servers import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_serve_subprocess_forwards_and_logs(

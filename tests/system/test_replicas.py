@@ -39,7 +39,7 @@ from tests.trajectories import DATA, chained, model_calls, sessions
 
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WINDOW = 12000
 KEY = "replicated-1"
 CONV = ConversationRef("default", KEY)

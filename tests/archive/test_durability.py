@@ -35,7 +35,7 @@ from tests.fakes import FakeUpstream, Reply
 from tests.pg import fresh_schema, postgres_url
 from tests.servers import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLIENTS = 6
 # Completions after which a client kills the proxy, one round each.
 KILL_AFTER = (3, 17, 30)

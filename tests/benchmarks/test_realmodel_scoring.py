@@ -16,7 +16,7 @@ from benchmarks.realmodel.scoring import (
     statuses_in,
 )
 
-DATA = Path(__file__).resolve().parent / "data" / "realmodel-zh.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "realmodel-zh.json"
 
 ZH_SUMMARY = """<summary>
 ## User Goal

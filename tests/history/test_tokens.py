@@ -30,7 +30,7 @@ from proxy.history.tokens import (
     load_encoding,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TAUBENCH = REPO / "tests" / "data" / "taubench-airline-dev.jsonl"
 CHINESE = "我们今天讨论一下如何压缩长对话的历史记录。"
 

@@ -24,9 +24,9 @@ import pytest
 
 from proxy.store.base import ConversationRef
 from tests.conftest import make_config
+from tests.edge.test_compacting import wait_for_events
 from tests.fakes import FakeUpstream
 from tests.servers import read_body, serve
-from tests.test_chat import wait_for_events
 
 BIG = "lorem ipsum dolor sit amet " * 200  # a large, old tool result: trimmed
 
