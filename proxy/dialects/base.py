@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.errors import ErrorShape
 from proxy.history.messages import Message
 
 
@@ -66,6 +67,9 @@ class Dialect(Protocol):
     history_key: str
     # Body fields naming the most output tokens the client allows (the fit keeps room).
     output_limit_keys: tuple[str, ...]
+    # Recap's own errors on this API's route: an error answer's body, and the final event
+    # of a stream that broke after it started (never another API's shape).
+    errors: ErrorShape
 
     def parse(self, raw: bytes) -> Parsed | Unparsed: ...
 
@@ -79,5 +83,6 @@ class Dialect(Protocol):
     def recorder(self, streamed: bool, encoding: str) -> Recorder: ...
 
     def error_event(self, body: bytes, status: int) -> bytes:
-        """An upstream error as SSE bytes of this API, once the stream has started."""
+        """An upstream's error answer (its body and status) as SSE bytes of this API, for
+        a stream that had already started (compaction progress went out first)."""
         ...

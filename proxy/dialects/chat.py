@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.dialects.base import Parsed, PassReason, Unparsed
+from proxy.errors import OPENAI_ERRORS, ErrorShape
 from proxy.history.identity import chat_key_fields
 from proxy.history.messages import Message, json_bytes
 from proxy.wire import numbers
@@ -62,6 +63,7 @@ class ChatDialect:
     name = "chat"
     history_key = "messages"
     output_limit_keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+    errors: ErrorShape = OPENAI_ERRORS
 
     def parse(self, raw: bytes) -> Parsed | Unparsed:
         loaded = parse_json(raw)

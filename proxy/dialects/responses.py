@@ -34,6 +34,7 @@ from typing import Any
 from proxy.dialects.base import Parsed, PassReason, Unparsed
 from proxy.dialects.chat import error_object, parse_json, write_json
 from proxy.dialects.responses_answer import ResponsesRecorder
+from proxy.errors import OPENAI_ERRORS, ErrorShape
 from proxy.history.identity import chat_key_fields
 from proxy.history.messages import Message
 
@@ -164,6 +165,8 @@ class ResponsesDialect:
     name = "responses"
     history_key = "input"
     output_limit_keys: tuple[str, ...] = ("max_output_tokens",)
+    # Recap's own errors, as on chat: the Responses clients read OpenAI's error object.
+    errors: ErrorShape = OPENAI_ERRORS
 
     def parse(self, raw: bytes) -> Parsed | Unparsed:
         loaded = parse_json(raw)

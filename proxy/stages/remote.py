@@ -29,7 +29,7 @@ from proxy.history.messages import Message, chain_hashes, fingerprint, is_pinned
 from proxy.history.tokens import TokenCounter
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
-from proxy.planning.outcome import retry_detail
+from proxy.planning.outcome import Layer, retry_detail
 from proxy.planning.reference import BadReference, Reference, issue, verify
 from proxy.planning.remote import Usage, compaction_item, is_compaction, summary_item
 from proxy.planning.transcript import detect_language, render_transcript, render_within
@@ -294,7 +294,7 @@ class RemoteCompactor:
             self.store,
             conv,
             CompactionRecord(
-                layer="session",
+                layer=Layer.SESSION,
                 reason="remote",
                 outcome="ok" if outcome == "ok" else "failed",
                 detail=detail,
