@@ -40,7 +40,6 @@ TESTED_ELSEWHERE = {
     "stages/estimate.py": "tests/stages/test_session.py",
     "stages/manual.py": "tests/edge/test_operator.py",
     "stages/remote.py": "tests/edge/test_codex.py",
-    "stages/summarize.py": "tests/stages/test_summarizer_limits.py",
     "stages/trim.py": "tests/planning/test_trim.py",
     "store/base.py": "tests/store/test_store.py",
     "store/migrations.py": "tests/store/test_schema.py",

@@ -279,6 +279,7 @@ class LoopStage:
                 model=ex.model,
                 authorization=ex.headers.get("authorization"),
                 max_chars=session.max_summary_chars,
+                call=ex.dialect.summary_call,
                 replaced=[
                     *([{"role": "assistant", "content": state.summary}] if state else []),
                     *folded,

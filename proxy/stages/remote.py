@@ -24,6 +24,7 @@ from typing import Any
 
 from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
+from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import BadRequest, CompactionFailed, Conflict
 from proxy.history.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
 from proxy.history.tokens import TokenCounter
@@ -224,6 +225,9 @@ class RemoteCompactor:
                         if summary
                         else span,
                         max_tokens=limits.max_tokens,
+                        # Codex's own API is the Responses API; its summary is asked for
+                        # as every Responses request's is.
+                        call=ResponsesDialect.summary_call,
                     )
                 except SummarizerFailed as exc:
                     detail = retry_detail(exc.reason, int(exc.retried), 0)

@@ -302,6 +302,7 @@ class SessionStage:
                             *([Seen(current)] if current else []),
                         ],
                         max_tokens=limits.max_tokens,
+                        call=ex.dialect.summary_call,
                     )
                 )
             except SummarizerFailed as exc:
