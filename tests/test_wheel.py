@@ -1,9 +1,9 @@
 """The package as a user installs it: a wheel in a fresh venv, a config in another directory.
 
 The default summarizer prompts are package data (the top-level scenes/, shipped as
-proxy/scenes_default/): a wheel without them starts nowhere but in a clone. This builds the wheel from the sources alone, installs
-it into a new venv in a temporary directory and runs its `recap serve` against a fake
-upstream until a request compacts with the packaged prompt.
+proxy/scenes_default/): a wheel without them starts nowhere but in a clone. This builds the
+wheel from the sources alone, installs it into a new venv in a temporary directory and runs
+its `recap serve` against a fake upstream until a request compacts with the packaged prompt.
 """
 
 from __future__ import annotations
