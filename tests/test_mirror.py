@@ -41,7 +41,6 @@ TESTED_ELSEWHERE = {
     "stages/summarize.py": "tests/stages/test_summarizer_limits.py",
     "stages/trim.py": "tests/planning/test_trim.py",
     "store/base.py": "tests/store/test_store.py",
-    "store/migrations.py": "tests/store/test_schema.py",
     "store/pg_boundary.py": "tests/store/test_postgres.py",
     "store/pg_lock.py": "tests/store/test_postgres.py",
     "store/pg_migrations.py": "tests/store/test_schema.py",
