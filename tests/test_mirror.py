@@ -43,7 +43,6 @@ TESTED_ELSEWHERE = {
     "store/base.py": "tests/store/test_store.py",
     "store/pg_boundary.py": "tests/store/test_postgres.py",
     "store/pg_lock.py": "tests/store/test_postgres.py",
-    "store/pg_migrations.py": "tests/store/test_schema.py",
     "store/rows.py": "tests/store/test_store.py",
     "store/sql.py": "tests/store/test_store.py",
     "store/sqlite.py": "tests/store/test_store.py",

@@ -27,8 +27,8 @@ import aiosqlite
 
 from proxy.store.base import Store, StoreError
 from proxy.store.pg_boundary import clean_text
-from proxy.store.pg_migrations import IDENTITY_TABLES
 from proxy.store.postgres import PostgresStore
+from proxy.store.schema import identity_tables
 from proxy.store.sqlite import MEMORY, SqliteStore
 
 _KEYS = ("tenant", "key")
@@ -215,7 +215,7 @@ class _PostgresSink:
 
     async def finish(self) -> None:
         # Copied ids were given explicitly: move each sequence past the largest.
-        for name in IDENTITY_TABLES:
+        for name in identity_tables():
             await self.conn.execute(
                 f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), MAX(id))"
                 f" FROM {name} HAVING MAX(id) IS NOT NULL"

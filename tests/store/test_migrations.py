@@ -25,9 +25,9 @@ import aiosqlite
 import asyncpg
 import pytest
 
-from proxy.store.migrations import LATEST
-from proxy.store.migrations import migrate as sqlite_migrate
-from proxy.store.pg_migrations import migrate as pg_migrate
+from proxy.store.migrations import migrate_postgres as pg_migrate
+from proxy.store.migrations import migrate_sqlite as sqlite_migrate
+from proxy.store.schema import LATEST
 from tests.pg import fresh_schema, postgres_url
 
 GOLDEN = Path(__file__).with_name("schema_golden.json")
