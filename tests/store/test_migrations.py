@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,7 @@ import aiosqlite
 import asyncpg
 import pytest
 
-from proxy.store.migrations import migrate_postgres as pg_migrate
-from proxy.store.migrations import migrate_sqlite as sqlite_migrate
+from proxy.store.migrations import migrate_postgres, migrate_sqlite
 from proxy.store.schema import LATEST
 from tests.pg import fresh_schema, postgres_url
 
@@ -134,7 +134,7 @@ async def sqlite_steps(path: Path) -> dict[str, Dump]:
     out: dict[str, Dump] = {}
     async with aiosqlite.connect(path, isolation_level=None) as db:
         for version in range(1, LATEST + 1):
-            assert await sqlite_migrate(db, float(version), target=version) == version
+            assert await migrate_sqlite(db, float(version), target=version) == version
             out[str(version)] = await sqlite_dump(db)
     return out
 
@@ -144,7 +144,7 @@ async def postgres_steps(url: str) -> dict[str, Dump]:
     conn = await asyncpg.connect(url)
     try:
         for version in range(1, LATEST + 1):
-            schema, got = await pg_migrate(conn, float(version), target=version)
+            schema, got = await migrate_postgres(conn, float(version), target=version)
             assert got == version
             out[str(version)] = await postgres_dump(conn, schema)
     finally:
@@ -184,12 +184,12 @@ async def test_sqlite_upgrade_from_each_version_ends_at_the_latest(
 ) -> None:
     async with aiosqlite.connect(tmp_path / "recap.db", isolation_level=None) as db:
         if start:
-            assert await sqlite_migrate(db, 1.0, target=start) == start
-        assert await sqlite_migrate(db, 2.0) == LATEST
+            assert await migrate_sqlite(db, 1.0, target=start) == start
+        assert await migrate_sqlite(db, 2.0) == LATEST
         assert_recorded(await sqlite_dump(db), golden("sqlite")[str(LATEST)])
         applied = await db.execute_fetchall("SELECT applied_at FROM schema_version")
         assert [r[0] for r in applied] == [1.0] * start + [2.0] * (LATEST - start)
-        assert await sqlite_migrate(db, 3.0) == LATEST  # nothing left to do
+        assert await migrate_sqlite(db, 3.0) == LATEST  # nothing left to do
 
 
 @pytest.mark.parametrize("start", range(LATEST))
@@ -198,15 +198,22 @@ async def test_postgres_upgrade_from_each_version_ends_at_the_latest(start: int)
         conn = await asyncpg.connect(url)
         try:
             if start:
-                assert (await pg_migrate(conn, 1.0, target=start))[1] == start
-            schema, version = await pg_migrate(conn, 2.0)
+                assert (await migrate_postgres(conn, 1.0, target=start))[1] == start
+            schema, version = await migrate_postgres(conn, 2.0)
             assert version == LATEST
             assert_recorded(await postgres_dump(conn, schema), golden("postgresql")[str(LATEST)])
             applied = await conn.fetch("SELECT applied_at FROM schema_version ORDER BY version")
             assert [r[0] for r in applied] == [1.0] * start + [2.0] * (LATEST - start)
-            assert (await pg_migrate(conn, 3.0))[1] == LATEST
+            assert (await migrate_postgres(conn, 3.0))[1] == LATEST
         finally:
             await conn.close()
+
+
+def test_the_sqlite_store_and_its_migrations_load_no_postgresql_driver() -> None:
+    # migrations.py holds both databases' runners; a SQLite deployment must not need asyncpg.
+    code = "import sys, proxy.store.sqlite; print('asyncpg' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 async def _write(tmp: Path) -> None:
