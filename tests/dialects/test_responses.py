@@ -175,13 +175,3 @@ def test_server_held_and_unreadable_histories_are_not_parsed() -> None:
     assert isinstance(D.parse(b"{"), Unparsed)
     # An explicit null is no server history.
     assert isinstance(D.parse(b'{"input": "Hi", "previous_response_id": null}'), Parsed)
-
-
-def test_the_fake_rejects_what_openai_rejects() -> None:
-    assert input_problems({"input": [user("a"), call(1)]}) == [
-        "No tool output found for function call call_1."
-    ]
-    assert input_problems({"input": [user("a"), output(1)]})
-    assert input_problems({"input": [user("a"), reasoning(1)]})
-    assert input_problems({"input": [{"role": "tool", "content": "x"}]})
-    assert input_problems({"input": [{"type": "compaction", "encrypted_content": "x"}]})

@@ -116,6 +116,41 @@ def test_unchanged_request_goes_up_as_the_very_bytes(
     assert sent.json["store"] is False and sent.json["instructions"] == "Be brief."
 
 
+# What OpenAI rejects: a call without its output, an output without its call, a reasoning
+# item with nothing after it, an unknown role. (A `compaction` item is Recap's own: it
+# answers those itself, tests/edge/test_codex.py.)
+REJECTED = {
+    "call_without_output": [
+        {"role": "user", "content": "a"},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+    ],
+    "output_without_call": [
+        {"role": "user", "content": "a"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "r"},
+    ],
+    "lone_reasoning": [
+        {"role": "user", "content": "a"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+    ],
+    "tool_role": [{"role": "tool", "content": "x"}],
+}
+
+
+@pytest.mark.parametrize("kind", list(REJECTED))
+def test_input_openai_rejects_goes_up_as_sent_and_its_400_comes_back(
+    plain: str, fake_responses: FakeResponses, kind: str
+) -> None:
+    """The proxy never mends nor hides a bad input: it goes up as the client sent it, and
+    the upstream's 400 reaches the client unchanged (the fake rejects what OpenAI does)."""
+    items = REJECTED[kind]
+    body = {"model": "gpt-4o", "input": items}
+    r = httpx.post(f"{plain}/responses", json=body, headers={"x-conversation-id": kind})
+    assert r.status_code == 400, r.text
+    (sent,) = fake_responses.response_requests()
+    assert sent.json == body
+    assert r.json()["error"]["message"] == fake_responses.problems[0] == input_problems(body)[0]
+
+
 def test_stream_is_relayed_event_by_event(plain: str, fake_responses: FakeResponses) -> None:
     fake_responses.respond = lambda body: Answer(text="Streamed words here.", calls=[("f", "{}")])
     with client(plain).responses.stream(model="gpt-4o", input="Go.") as stream:
