@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
-from proxy.app import create_app
 from proxy.config import Config, parse_config
 from proxy.ops.logs import JsonFormatter
 from tests.fakes import FakeUpstream
 from tests.faults import SummarizerFake, compacting_config
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "taubench-airline-dev.jsonl"
@@ -105,7 +104,7 @@ def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Callable[..., s
 
         def start(config: Config | None = None, **overrides: Any) -> str:
             cfg = config or make_config(upstream_url, tmp_path, **overrides)
-            return stack.enter_context(serve(create_app(cfg))) + "/v1"
+            return stack.enter_context(serve(recap_app(cfg))) + "/v1"
 
         yield start
 
@@ -133,6 +132,6 @@ def start(tmp_path: Path) -> Iterator[Callable[..., str]]:
 
         def run(upstream_url: str, **kwargs: Any) -> str:
             config = compacting_config(upstream_url, tmp_path, **kwargs)
-            return stack.enter_context(serve(create_app(config))) + "/v1"
+            return stack.enter_context(serve(recap_app(config))) + "/v1"
 
         yield run

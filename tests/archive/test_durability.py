@@ -34,13 +34,12 @@ import httpx
 import pytest
 import yaml
 
-from proxy.app import create_app
 from proxy.config import parse_config
 from proxy.store import open_store
 from proxy.store.base import ConversationRef
 from tests.fakes import FakeUpstream, Reply
 from tests.pg import fresh_schema, postgres_url
-from tests.servers import free_port, read_body, serve
+from tests.servers import free_port, read_body, recap_app, serve
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = 6
@@ -313,7 +312,7 @@ def test_final_bytes_wait_for_the_commit(store_url: str, tmp_path: Path) -> None
             env={},
             base_dir=str(tmp_path),
         )
-        with serve(create_app(config)) as proxy:
+        with serve(recap_app(config)) as proxy:
             body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
             hold = Hold(store_url, tmp_path)
             received = b""

@@ -12,12 +12,11 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import create_app
 from proxy.planning.framing import FRAME_OPEN
 from tests.conftest import LogCapture, make_config
 from tests.fake_responses import Answer, FakeResponses, input_problems
 from tests.faults import MODEL, compacting_config, history
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 
 def responses_items(chat: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
@@ -79,7 +78,7 @@ def responses_up(fake_responses: FakeResponses) -> Iterator[str]:
 
 @pytest.fixture
 def plain(responses_up: str, tmp_path: Path) -> Iterator[str]:
-    with serve(create_app(make_config(responses_up, tmp_path))) as url:
+    with serve(recap_app(make_config(responses_up, tmp_path))) as url:
         yield url + "/v1"
 
 
@@ -88,7 +87,7 @@ def compacting(responses_up: str, tmp_path: Path) -> Iterator[Callable[..., str]
     urls: list[Any] = []
 
     def start(**kwargs: Any) -> str:
-        cm = serve(create_app(compacting_config(responses_up, tmp_path, **kwargs)))
+        cm = serve(recap_app(compacting_config(responses_up, tmp_path, **kwargs)))
         urls.append(cm)
         return cm.__enter__() + "/v1"
 

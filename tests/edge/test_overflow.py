@@ -19,13 +19,12 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import create_app
 from proxy.edge.overflow import detect, retry_window
 from proxy.planning.framing import FRAME_OPEN
 from proxy.stages.calibration import MAX_RATIO, Calibration
 from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream, Reply, overflowing
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 LIMIT = 16_000
 
@@ -297,7 +296,7 @@ def test_a_retry_that_fails_is_archived_as_the_retry(
     config = dataclasses.replace(
         config, tenants={"default": dataclasses.replace(tenant, upstream=fast)}
     )
-    with serve(create_app(config)) as base:
+    with serve(recap_app(config)) as base:
         with pytest.raises(openai.APIStatusError):
             client(base + "/v1").chat.completions.create(
                 model="gpt-4o",

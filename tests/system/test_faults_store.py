@@ -29,7 +29,6 @@ import httpx
 import pytest
 import yaml
 
-from proxy.app import create_app
 from proxy.archive.archiver import Archiver
 from proxy.config import parse_config
 from proxy.history.conversation import check_history
@@ -51,7 +50,7 @@ from tests.faults import (
     summaries_in,
     wait_until,
 )
-from tests.servers import free_port, serve
+from tests.servers import free_port, recap_app, serve
 
 RETRY_S = 1.0  # SqliteStore's default retry interval
 
@@ -118,7 +117,7 @@ def probe(
 ) -> Iterator[Probe]:
     fake, url = upstream
     fake.answer = lambda body: Answer()
-    with serve(create_app(compacting_config(url, tmp_path))) as proxy:
+    with serve(recap_app(compacting_config(url, tmp_path))) as proxy:
         p = Probe(proxy + "/v1", fake, logs)
         assert p.ready().status_code == 200
         p.compacts()
@@ -360,7 +359,7 @@ def test_garbage_file_at_start_up_then_replaced(
     fake, url = upstream
     path = tmp_path / "recap.db"
     path.write_bytes(b"not a database at all " * 500)
-    with serve(create_app(compacting_config(url, tmp_path))) as proxy:
+    with serve(recap_app(compacting_config(url, tmp_path))) as proxy:
         probe = Probe(proxy + "/v1", fake, logs)
         probe.not_ready("not a database")
         probe.through_uncompacted()
@@ -376,7 +375,7 @@ def test_damaged_pages_keep_the_store_down_until_repaired(
     fake, url = upstream
     path = tmp_path / "recap.db"
     config = compacting_config(url, tmp_path)
-    with serve(create_app(config)) as proxy:
+    with serve(recap_app(config)) as proxy:
         Probe(proxy + "/v1", fake, logs).compacts()
     backup = _backup(path)
     with contextlib.closing(sqlite3.connect(path)) as db:
@@ -388,7 +387,7 @@ def test_damaged_pages_keep_the_store_down_until_repaired(
     with path.open("r+b") as f:
         f.seek((page - 1) * size)
         f.write(os.urandom(size))
-    with serve(create_app(config)) as proxy:
+    with serve(recap_app(config)) as proxy:
         probe = Probe(proxy + "/v1", fake, logs, first=100)
         probe.through_uncompacted()  # looking for its summary reads the damaged page
         probe.not_ready("malformed", "corrupt")
@@ -430,7 +429,7 @@ def tmpfs_probe(
 ) -> Iterator[Probe]:
     fake, url = upstream
     config = compacting_config(url, tmpfs.parent, store=f"sqlite:///{tmpfs / 'recap.db'}")
-    with serve(create_app(config)) as proxy:
+    with serve(recap_app(config)) as proxy:
         p = Probe(proxy + "/v1", fake, logs)
         assert p.ready().status_code == 200
         p.compacts()

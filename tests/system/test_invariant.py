@@ -25,12 +25,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.app import create_app
 from proxy.config import Config, parse_config
 from proxy.history.identity import conversation_ref
 from tests.fakes import FakeUpstream, Reply, extractive_summary
 from tests.invariant import BEHAVIOURS, assert_nothing_lost, client_requests, sliding
-from tests.servers import serve
+from tests.servers import recap_app, serve
 from tests.trajectories import DATA, model_calls, sessions
 
 WINDOW = 3000
@@ -101,7 +100,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
             env={},
             base_dir=str(tmp),
         )
-        with serve(create_app(config)) as url, httpx.Client(timeout=30) as client:
+        with serve(recap_app(config)) as url, httpx.Client(timeout=30) as client:
             yield Proxy(url, config, tmp / "recap.db", fake, client)
 
 
