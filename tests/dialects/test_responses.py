@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from proxy.dialects.base import Parsed, PassReason, Unparsed
 from proxy.dialects.responses import ITEMS, ResponsesDialect
 from proxy.history.conversation import check_history, tool_rounds, valid_cut_points
@@ -12,6 +14,8 @@ from proxy.history.messages import Classification, classify
 from proxy.planning.framing import summary_message
 from proxy.planning.trim import without_attachments
 from tests.fake_responses import input_problems
+
+pytestmark = pytest.mark.quick
 
 D = ResponsesDialect()
 

@@ -155,6 +155,7 @@ def test_two_users_on_one_derived_key_share_nothing(loop_proxy: str, fake: FakeU
         assert "USER-A" not in rec.body.decode()
 
 
+@pytest.mark.quick
 def test_the_same_loop_reuses_its_working_summary(loop_proxy: str, fake: FakeUpstream) -> None:
     history = drive(loop_proxy, "A", range(10, 14))
     assert len(fake.chat_requests("summarize")) == 1  # 10 rounds: one call; 11-14 reuse it

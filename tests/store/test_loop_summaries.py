@@ -5,9 +5,13 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from proxy.store import ConversationRef, LoopSummary, Store, open_store
 from proxy.store.migrations import MIGRATIONS
 from tests.store.conftest import FakeClock
+
+pytestmark = pytest.mark.quick
 
 CONV = ConversationRef("acme", "conv-1")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiosqlite
 import asyncpg
+import pytest
 
 from proxy.store.migrations import LATEST
 from proxy.store.migrations import migrate as sqlite_migrate
@@ -15,6 +16,8 @@ from proxy.store.pg_migrations import LATEST as PG_LATEST
 from proxy.store.pg_migrations import migrate as pg_migrate
 from proxy.store.transfer import TABLES
 from tests.pg import fresh_schema, postgres_url
+
+pytestmark = pytest.mark.quick
 
 Schema = dict[str, list[tuple[str, bool]]]  # table -> (column, NOT NULL) in order
 
