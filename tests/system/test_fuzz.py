@@ -247,7 +247,9 @@ CONFIG = parse_config({"tenants": {"t": {}}}, env={})
 TENANT = CONFIG.tenants["t"]
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+# A hang guard for thousands of examples, not one: a loaded machine takes minutes.
+@pytest.mark.timeout(600)
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     messages=conversations(),
     headers=st.dictionaries(
@@ -517,7 +519,8 @@ def _same_or_made(sent: list[Any], forwarded: list[Any]) -> None:
         i += 1
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.timeout(600)
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(request=requests())
 def test_requests_never_fail_on_the_proxy(
     servers: tuple[Upstream, str, LogCapture], request: tuple[bytes, list[tuple[bytes, bytes]]]
