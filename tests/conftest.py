@@ -61,9 +61,10 @@ class LogCapture:
         out = [json.loads(line) for line in self.text.splitlines() if line.strip()]
         return [r for r in out if logger is None or r.get("logger") == logger]
 
-    def access(self, expect: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
+    def access(self, expect: int = 1, timeout: float = 30.0) -> list[dict[str, Any]]:
         """Access lines; waits for `expect` of them, since a line is written just after
-        the response has gone out (the client may read it first)."""
+        the response has gone out (the client may read it first). `timeout` is a hang
+        guard for a loaded machine: it returns as soon as they are there."""
         deadline = time.monotonic() + timeout
         while len(lines := self.records("recap.access")) < expect and time.monotonic() < deadline:
             time.sleep(0.01)

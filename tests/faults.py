@@ -311,7 +311,9 @@ class SummarizerFake:
         return True
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 5.0, step: float = 0.02) -> bool:
+def wait_until(check: Callable[[], bool], timeout: float = 30.0, step: float = 0.02) -> bool:
+    """Until `check()` holds (True), or False after `timeout`: a hang guard, not a bound
+    the event must meet (it returns as soon as the event is seen)."""
     import time
 
     deadline = time.monotonic() + timeout
