@@ -127,6 +127,7 @@ def load_until_killed(
     return answered
 
 
+@pytest.mark.timeout(600)  # subprocess starts: seconds of CPU each
 @pytest.mark.parametrize("journal", [True, False], ids=["journal", "commit"])
 def test_answered_requests_survive_sigkill(
     store_url: str, journal: bool, upstream_url: str, fake: FakeUpstream, tmp_path: Path
