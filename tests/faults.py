@@ -215,6 +215,9 @@ class SummarizerFake:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Set on each summarizer call's arrival (tests wait for "the proxy is mid-compaction").
     arrived: threading.Event = field(default_factory=threading.Event)
+    # Calls are held (30 s at most, a hang guard) until this many have been in flight at
+    # once: a test of concurrency waits for the overlap instead of hoping for it.
+    hold_until_total: int = 0
 
     @property
     def abandoned(self) -> int:
@@ -249,6 +252,11 @@ class SummarizerFake:
             self.max_total = max(self.max_total, sum(self.in_flight.values()))
         self.arrived.set()
         try:
+            for _ in range(3000):
+                with self.lock:
+                    if self.max_total >= self.hold_until_total:
+                        break
+                await asyncio.sleep(0.01)
             answer = self.answer(body)
             if answer.delay_s:
                 # The body is read: the next message can only be the proxy hanging up.

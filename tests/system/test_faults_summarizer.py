@@ -221,6 +221,11 @@ def test_summarizer_concurrency_is_bounded_per_tenant(
     """A compaction storm: 2 tenants x 6 conversations compacting at once, max 2 per tenant."""
     fake, url = upstream
     fake.answer = lambda body: Answer(content=SUMMARY, delay_s=0.3)
+    # Both tenants' two slots full at once is the event this test needs; on a loaded
+    # machine the first calls could end before the other tenant's arrive, so the fake
+    # holds the calls until four are in flight (a proxy bounding the total lower, or
+    # per tenant higher, still fails below).
+    fake.hold_until_total = 4
 
     def tenant(name: str) -> dict[str, Any]:
         return {
