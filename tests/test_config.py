@@ -9,6 +9,8 @@ import pytest
 
 from proxy.config import ConfigError, Tenant, load_config, parse_config
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parent.parent
 
 

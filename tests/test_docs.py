@@ -15,6 +15,8 @@ import pytest
 from proxy.app import build_stages
 from proxy.config import Config
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")

@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from tests.fakes import FakeUpstream
@@ -73,6 +74,7 @@ def fresh_venv(where: Path, wheel: Path) -> Path:
     return python
 
 
+@pytest.mark.timeout(600)  # subprocess starts: seconds of CPU each
 def test_a_wheel_in_a_fresh_venv_compacts_with_its_packaged_prompts(
     tmp_path: Path, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -116,7 +118,7 @@ def test_a_wheel_in_a_fresh_venv_compacts_with_its_packaged_prompts(
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a hang guard
         while True:
             try:
                 if httpx.get(f"{base}/readyz").status_code == 200:

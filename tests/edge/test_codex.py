@@ -20,11 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.app import create_app
 from proxy.config import parse_config
 from tests import codex_bodies as codex
 from tests.fake_responses import FakeResponses
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 
 class Upstream(FakeResponses):
@@ -77,7 +76,7 @@ def recap(upstream: tuple[Upstream, str], tmp_path: Path) -> Iterator[Callable[.
     servers: list[Any] = []
 
     def start(**tenant: Any) -> str:
-        cm = serve(create_app(config(upstream[1], tmp_path, **tenant)))
+        cm = serve(recap_app(config(upstream[1], tmp_path, **tenant)))
         servers.append(cm)
         return cm.__enter__() + "/v1"
 
@@ -283,10 +282,10 @@ def test_a_reference_to_a_summary_the_store_lost_is_a_400(
 ) -> None:
     fake, url = upstream
     cfg = config(url, tmp_path, secret="s" * 40)
-    with serve(create_app(cfg)) as base:
+    with serve(recap_app(cfg)) as base:
         item = compact_v2(base + "/v1", codex.history())
     (tmp_path / "recap.db").unlink()
-    with serve(create_app(cfg)) as base:
+    with serve(recap_app(cfg)) as base:
         r = turn(base + "/v1", codex.after_compaction(item, "go on"))
     assert r.status_code == 400
     assert "does not have" in r.json()["error"]["message"]
@@ -298,9 +297,9 @@ def test_references_outlive_a_restart_on_the_same_store(
 ) -> None:
     fake, url = upstream
     cfg = config(url, tmp_path)
-    with serve(create_app(cfg)) as base:
+    with serve(recap_app(cfg)) as base:
         item = compact_v2(base + "/v1", codex.history())
-    with serve(create_app(cfg)) as base:
+    with serve(recap_app(cfg)) as base:
         r = turn(base + "/v1", codex.after_compaction(item, "go on"))
     assert r.status_code == 200, r.text
     assert fake.problems == []

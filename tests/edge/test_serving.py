@@ -18,18 +18,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import create_app
 from proxy.config import Listen
 from proxy.edge.serving import AcceptErrors, protocol_for
 from tests.conftest import LogCapture, make_config
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 HANG_GUARD_S = 60  # only so a broken build fails instead of hanging the suite
 
 
 @pytest.fixture
 def guarded(upstream_url: str, tmp_path: Path) -> Iterator[str]:
-    app = create_app(make_config(upstream_url, tmp_path))
+    app = recap_app(make_config(upstream_url, tmp_path))
     with serve(app, http=protocol_for(Listen(header_timeout_s=0.5, max_connections=8))) as url:
         yield url
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from proxy.ops.ansi import Style
 from proxy.ops.logs import JsonFormatter, TextFormatter
@@ -20,6 +21,8 @@ from proxy.ops.tail import render as tail_render
 from proxy.ops.tail import tail
 from tests.fakes import FakeUpstream
 from tests.faults import compacting_config, history, post
+
+pytestmark = pytest.mark.quick
 
 SECRET_CONTENT = "my card number is 4111-1111-1111-1111"
 

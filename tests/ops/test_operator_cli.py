@@ -18,14 +18,13 @@ import httpx
 import pytest
 import yaml
 
-from proxy.app import create_app
 from proxy.config import load_config
 from proxy.ops.cli import main
 from proxy.ops.tail import tail
 from proxy.store import open_store
 from proxy.store.base import ConversationRef, NewSummary
 from tests.fakes import FakeUpstream, Reply
-from tests.servers import serve
+from tests.servers import recap_app, serve
 from tests.trajectories import DATA, chained, model_calls, sessions
 
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
@@ -57,7 +56,7 @@ def write_config(tmp_path: Path, upstream_url: str, **extra: Any) -> Path:
 def live(tmp_path: Path, upstream_url: str) -> Iterator[tuple[Path, str]]:
     """A config file and a proxy serving it; two conversations, one compacted."""
     cfg = write_config(tmp_path, upstream_url)
-    with serve(create_app(load_config(cfg))) as base:
+    with serve(recap_app(load_config(cfg))) as base:
         url = base + "/v1"
         convo = chained(sessions()[:2])
         i = list(model_calls(convo))[-1]

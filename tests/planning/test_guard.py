@@ -19,7 +19,10 @@ from proxy.planning.guard import (
 )
 from tests.trajectories import DATA, sessions
 
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
+pytestmark = [
+    pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}"),
+    pytest.mark.quick,
+]
 
 
 def gold_values(row: dict[str, Any]) -> set[str]:

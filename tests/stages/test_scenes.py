@@ -12,6 +12,8 @@ from proxy.config import load_config
 from proxy.planning.transcript import render_transcript
 from proxy.stages.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
 
+pytestmark = pytest.mark.quick
+
 SCENES_DIR = Path(__file__).resolve().parents[2] / "scenes"
 DATA = Path(__file__).resolve().parents[1] / "data" / "taubench-airline-dev.jsonl"
 

@@ -87,6 +87,7 @@ def assert_one_frame(message: dict[str, Any]) -> str:
     return content.split(FRAME_OPEN, 1)[1]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("role", ["system", "user"])
 def test_session_summary_cannot_escape_its_frame(
     upstream: tuple[SummarizerFake, str], start: Callable[..., str], role: str

@@ -98,7 +98,7 @@ def replicas(config: Path, tmp_path: Path, n: int) -> Iterator[list[Replica]]:
                     stderr=subprocess.STDOUT,
                 )
             started.append(Replica(f"http://127.0.0.1:{port}", proc, log))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a hang guard: starts are slow on a loaded machine
         for r in started:
             while True:
                 assert r.alive(), r.log.read_text(errors="replace")
@@ -170,6 +170,7 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.timeout(600)  # subprocess starts: seconds of CPU each
 def test_two_replicas_share_compactions_and_survive_a_kill(
     pg_url: str, fake: FakeUpstream, upstream_url: str, tmp_path: Path
 ) -> None:

@@ -12,6 +12,8 @@ import pytest
 from proxy.upstream.client import SLICE_BYTES, RequestBody
 from tests.servers import read_body, serve
 
+pytestmark = pytest.mark.quick
+
 
 async def _echo(scope: Any, receive: Any, send: Any) -> None:
     """Answers with what it was sent: the body's sha256 and length, and its framing."""

@@ -18,11 +18,10 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from proxy.app import create_app
 from proxy.config import parse_config
 from tests.fakes import FakeUpstream
 from tests.faults import compacting_data, history, post
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 ADMIN = "admin-key-0123"
 KEYS = {"a": "tenant-a-key", "b": "tenant-b-key"}
@@ -82,7 +81,7 @@ def site_config(upstream_url: str, tmp_path: Path) -> Any:
 def running_site(tmp_path: Path) -> Iterator[Site]:
     fake = FakeUpstream()
     config = site_config
-    with serve(fake.app) as upstream_url, serve(create_app(config(upstream_url, tmp_path))) as url:
+    with serve(fake.app) as upstream_url, serve(recap_app(config(upstream_url, tmp_path))) as url:
         s = Site(url, fake)
         s.chat("a", CONV_A, history(marker=SCRIPT))
         s.wait_archived("a", CONV_A, 1)

@@ -14,9 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import create_app
 from proxy.config import parse_config
-from tests.servers import serve
+from tests.servers import recap_app, serve
 from tests.web.conftest import ADMIN, CONV_A, CONV_B, KEYS, SCRIPT, Site, bearer
 
 CSRF = re.compile(r'name="csrf" value="([^"]*)"')
@@ -265,7 +264,7 @@ def test_the_open_tenant_needs_no_login_only_with_inspection_open(
         env={},
         base_dir=str(tmp_path),
     )
-    with serve(create_app(config)) as url:
+    with serve(recap_app(config)) as url:
         r = httpx.get(url + "/recap/")
         if inspection_open:
             assert r.status_code == 200 and "tenant open (open)" in r.text
