@@ -260,6 +260,15 @@ _FRAMES = MappingProxyType(
 )
 
 
+def holds_frame(text: str) -> bool:
+    """Whether `text` holds a Recap summary frame, or a look-alike of one, or the text
+    Recap frames a summary with: what Recap wrote (an expanded compaction item, a
+    summary sent as a user message), never a user's own words."""
+    if _tag_spans(text):
+        return True
+    return any(intro in text for intro in _FRAMES.values())
+
+
 def _framing_language(language: str) -> str:
     lang = language.strip().lower()
     if "chinese" in lang or lang.startswith("zh") or "中文" in lang or "汉语" in lang:
@@ -281,3 +290,16 @@ def summary_message(
     intro = _FRAMES[(_framing_language(language), kind)]
     body = defuse(summary.strip())
     return {"role": role, "content": f"{intro}\n\n{FRAME_OPEN}\n{body}\n{FRAME_CLOSE}"}
+
+
+def framed_summary(content: str) -> str | None:
+    """The framed (defused) summary of a message `summary_message` wrote, from its
+    `content`; None for any other text. What a stage compares with the summaries it
+    stored to know one when it comes back (Codex sends its summaries back expanded)."""
+    for intro in _FRAMES.values():
+        head = f"{intro}\n\n{FRAME_OPEN}\n"
+        tail = f"\n{FRAME_CLOSE}"
+        fits = len(content) >= len(head) + len(tail)
+        if fits and content.startswith(head) and content.endswith(tail):
+            return content[len(head) : len(content) - len(tail)]
+    return None

@@ -34,7 +34,7 @@ from proxy.history.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
 from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
-from proxy.planning.guard import Seen
+from proxy.planning.guard import Earlier, Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
 from proxy.planning.outcome import CompactionOutcome, retry_detail
 from proxy.planning.transcript import (
@@ -278,7 +278,7 @@ class LoopStage:
                 authorization=ex.headers.get("authorization"),
                 max_chars=session.max_summary_chars,
                 replaced=[
-                    *([{"role": "assistant", "content": state.summary}] if state else []),
+                    *([Earlier(state.summary)] if state else []),  # the stored working summary
                     *folded,
                     Seen(str(values["goal"])),  # shown, not replaced: the goal stays raw
                 ],
