@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.planning.constraints import constraint_sentences
+from proxy.planning.constraints import constraint_kept, constraint_sentences
 
 
 @pytest.mark.parametrize(
@@ -43,3 +43,22 @@ def test_constraint_sentences_of_each_kind(text: str, wanted: str) -> None:
 )
 def test_questions_and_statements_are_not_constraints(text: str) -> None:
     assert constraint_sentences(text) == []
+
+
+# -- kept: every clause that states it, not any one (issue 23.26) ----------------------
+
+TWO_CLAUSES = [
+    "Don't touch the production database, and never deploy on a Friday.",
+    "不要动生产数据库，也不要在周五发布。",
+]
+
+
+@pytest.mark.parametrize("constraint", TWO_CLAUSES)
+def test_a_constraint_is_kept_only_when_every_clause_that_states_it_is(constraint: str) -> None:
+    first, second = (c.strip(" ,，.。") for c in constraint.replace("，", ",").split(",", 1))
+    assert constraint_kept(constraint, f"## User Constraints\n- {constraint}")
+    # Each clause on its own line, without its leading "and"/"也": still kept.
+    both = f"- {first}\n- {second.removeprefix('and ')}"
+    assert constraint_kept(constraint, both)
+    assert not constraint_kept(constraint, f"## User Constraints\n- {first}")
+    assert not constraint_kept(constraint, f"## User Constraints\n- {second}")

@@ -459,6 +459,13 @@ def test_a_restored_line_the_model_wrote_itself_loses_its_attribution() -> None:
     assert guarded.struck == 1
 
 
+def test_a_constraint_half_kept_by_the_summary_comes_back_whole() -> None:
+    own = "Don't touch the production database, and never deploy on a Friday."
+    summary = "## User Constraints\n- Don't touch the production database"
+    extra = added([{"role": "user", "content": own}], summary)
+    assert f"- {SAID} {json.dumps(own)}" in extra.splitlines()
+
+
 def test_quoted_sentences_of_tool_results_are_not_restored() -> None:
     """Issue 23.18: a page's quoted order reads as a constraint, and a summary may be a
     system message: restored, it would land there as the guard's own words."""
