@@ -21,9 +21,10 @@ block or Recap's own frame (`authorship.own_text`). (b) A line an earlier guard
 restored into the summary this one merges into, which the stage passes as `Earlier`
 (read from the store, never recognised by a line's shape in other text). A quote that
 summary holds under User Constraints comes back too if the merge drops it, as quoted
-data, not as the user's. Assistant, tool, environment and compaction text states no
-constraint; and a line of the model's summary shaped like a restored one whose words
-are neither (a) nor (b) loses its attribution (`STRUCK`).
+data (and stays in the guard's list through later merges), not as the user's.
+Assistant, tool, environment and compaction text states no constraint; and a line of
+the model's summary shaped like a restored one whose words are neither (a) nor (b)
+loses its attribution (`STRUCK`).
 
 Invented references: every URL, path and identifier in the model's summary must occur
 in its input (the replaced messages, the previous summary among them, and `Seen` text
