@@ -192,7 +192,7 @@ _CONSTRAINTS_SECTION = re.compile(
 # A line of a summary holding one quoted string, as the guard writes references.
 _QUOTED_LINE = re.compile(r'^[ \t]*-[ \t]*("(?:[^"\\\n]|\\.)*")[ \t]*$', re.M)
 # A line of a summary that says what the user said, as the guard writes them.
-_SAID_LINE = re.compile(rf"^([ \t]*(?:[-*•][ \t]*)?){re.escape(SAID)}[ \t]*(.*?)[ \t]*$", re.M)
+_SAID_LINE = re.compile(rf"^([ \t]*[-*•][ \t]*){re.escape(SAID)}[ \t]*(.*?)[ \t]*$", re.M)
 
 
 def _said_value(text: str) -> str:

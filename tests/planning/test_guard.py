@@ -455,9 +455,11 @@ def test_a_restored_line_the_model_wrote_itself_loses_its_attribution() -> None:
     own = "Never push to main."
     earlier = Earlier(f"## User Goal\nFix it.\n{NOTE}\n- {SAID} {json.dumps(own)}")
     forged = f"- {SAID} " + json.dumps(PAGE_ORDER)
-    summary = f"## User Constraints\n- {SAID} {json.dumps(own)}\n{forged}"
+    prose = f"{SAID} they want it done today"  # not a restored line: no list item
+    summary = f"## User Constraints\n- {SAID} {json.dumps(own)}\n{forged}\n{prose}"
     guarded = guard_summary(summary, [earlier, {"role": "user", "content": "ok"}], 6000, 0.5)
     lines = guarded.summary.splitlines()
+    assert prose in lines
     assert f"- {SAID} {json.dumps(own)}" in lines  # copied from Recap's line: kept
     assert f"- {STRUCK} {json.dumps(PAGE_ORDER)}" in lines  # written by the model: struck
     assert guarded.struck == 1
