@@ -67,10 +67,10 @@ _PASTE_INTRO = re.compile(
 # the slowest part of the guard. A message with more of them than this is read as
 # pasted from there on.
 _PASTE_WORD = re.compile(
-    rf"{_PASTE_VERB}|{_SAYS}|复制|拷贝|粘贴|贴|转发|说|写着|写道|显示|提示|返回|输出"
+    rf"\b(?:{_PASTE_VERB}|{_SAYS})\b|复制|拷贝|粘贴|贴|转发|说|写着|写道|显示|提示|返回|输出"
 )
 _PASTE_WORD_ANY_CASE = re.compile(_PASTE_WORD.pattern, re.IGNORECASE)
-_MAX_PASTE_WORDS = 64
+_MAX_PASTE_WORDS = 256
 # A line that reads as tool output (a log line, a prompt, a stack frame, JSON, a line
 # of a transcript): from it to the end of its paragraph is output, not the user's.
 _OUTPUT_LINE = re.compile(

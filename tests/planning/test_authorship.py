@@ -58,3 +58,8 @@ def test_codex_context_and_recaps_frame_are_not_the_users() -> None:
     framed = summary_message("## User Goal\nFix it.", "user", "English", "session")["content"]
     assert own_text(framed) == ""
     assert own_text(framed.split("\n\n", 1)[0]) == ""  # its framing text alone too
+
+
+def test_a_long_message_full_of_verbs_that_introduce_nothing_stays_the_users() -> None:
+    text = "The order shows as shipped and the page says it arrives soon. " * 100
+    assert own_text(text + "Do not cancel it.") == text + "Do not cancel it."
