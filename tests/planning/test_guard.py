@@ -432,7 +432,8 @@ def test_codex_context_and_recaps_own_frame_are_not_the_users_words() -> None:
     # Not recognised as Recap's by its shape: an expanded item in a user message is
     # Recap's summary only where the stage says which stored version it is.
     assert SAID not in extra
-    assert '"/work/project"' in extra  # a path is a reference, whoever wrote it
+    cwd = codex.ENVIRONMENT.split("<cwd>", 1)[1].split("</cwd>", 1)[0]
+    assert f"- {json.dumps(cwd)}" in extra.splitlines()  # a path is a reference, whoever wrote it
 
 
 def test_restored_lines_count_in_the_summary_recap_stored_not_in_an_assistant_message() -> None:
