@@ -3,7 +3,9 @@
 Read once at start-up (`load_config`) and handed to `create_app`; nothing else in
 the package reads files or the environment for settings. Unknown keys are
 rejected by their dotted name, and `${ENV_VAR}` / `${ENV_VAR:-default}` is
-interpolated in string values so secrets stay out of the file.
+interpolated in string values so secrets stay out of the file: `${ENV_VAR}` unset or
+empty is an error naming the variable and the key, so a missing secret stops the start
+instead of failing every request.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -267,16 +270,41 @@ BOUNDS: Mapping[tuple[type, str], Bound] = {
 }
 
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# String keys that must hold an http(s) URL. A default is valid, so only a written value is checked.
+URLS = {(Upstream, "base_url")}
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
 
 
-def _interpolate(value: str, env: Mapping[str, str]) -> str:
+def _interpolate(value: str, env: Mapping[str, str], where: str) -> str:
+    """`${VAR}` must be set and not empty; `${VAR:-default}` takes the default when VAR is
+    unset or empty (the shell's rule), and the default may itself be empty."""
+
     def sub(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
+        name, has_default, default = m.group(1), m.group(2), m.group(3)
         found = env.get(name, "")
-        return found if found else (default or "")
+        if found:
+            return found
+        if has_default is not None:
+            return default
+        state = "is empty" if name in env else "is not set"
+        raise ConfigError(
+            f"{where}: ${{{name}}} {state} (set it, or write ${{{name}:-}} if empty is fine, "
+            f"${{{name}:-default}} for a default)"
+        )
 
     return _ENV.sub(sub, value)
+
+
+def _check_url(value: str, where: str) -> None:
+    """An upstream is reached over HTTP: anything else would fail every request later."""
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # e.g. an unclosed [ of an IPv6 host
+        ok = False
+    if not ok:
+        raise ConfigError(f"{where}: must be an http:// or https:// URL with a host, got {value!r}")
 
 
 def _build(cls: type, data: Any, where: str, env: Mapping[str, str], extra: dict[str, Any]) -> Any:
@@ -295,6 +323,8 @@ def _build(cls: type, data: Any, where: str, env: Mapping[str, str], extra: dict
         kwargs[key] = _convert(hints[key], raw, name, env)
         if hints[key] in (int, float):
             BOUNDS.get((cls, key), AT_LEAST_0).check(kwargs[key], name)
+        if (cls, key) in URLS:
+            _check_url(kwargs[key], name)
     return cls(**kwargs)
 
 
@@ -307,7 +337,7 @@ def _convert(tp: Any, raw: Any, where: str, env: Mapping[str, str]) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return _convert(inner, raw, where, env)
     if isinstance(raw, str):
-        raw = _interpolate(raw, env)
+        raw = _interpolate(raw, env, where)
     if dataclasses.is_dataclass(tp):
         return _build(tp, raw, where, env, {})  # type: ignore[arg-type]
     if origin is Literal:

@@ -138,3 +138,20 @@ def test_missing_scene_stops_start_with_its_name(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert "session_compact.yaml" in r.stderr
+
+
+def test_an_unset_variable_stops_the_start_naming_it(tmp_path: Path) -> None:
+    # Before: the server started, /readyz said ready, and every request got a 502 naming
+    # an upstream of "" ("UnsupportedProtocol").
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tenants: {default: {upstream: {base_url: '${RECAP_TEST_UNSET_UP}'}}}\n")
+    env = {k: v for k, v in os.environ.items() if k != "RECAP_TEST_UNSET_UP"}
+    r = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "tenants.default.upstream.base_url: ${RECAP_TEST_UNSET_UP} is not set" in r.stderr
