@@ -274,3 +274,33 @@ def test_the_open_tenant_needs_no_login_only_with_inspection_open(
             assert r.status_code == 303 and r.headers["location"] == "/recap/login"
         # Logging in with no key is never a session, open tenant or not.
         assert httpx.post(url + "/recap/login", data={"key": ""}).status_code == 401
+
+
+def test_rolled_back_versions_are_marked_in_the_table_and_the_roll_back_list(site: Site) -> None:
+    key = bearer(KEYS["a"])
+    form = {"tenant": "a", "key": CONV_A}
+    assert httpx.post(site.url + "/recap/compact", data=form, headers=key).status_code == 303
+    r = httpx.post(site.url + "/recap/rollback", data={**form, "version": "1"}, headers=key)
+    assert r.status_code == 303
+    assert [v["rolled_back"] for v in site.detail("a", CONV_A)["versions"]] == [False, True]
+    text = httpx.get(
+        site.url + "/recap/conversation", params={"tenant": "a", "key": CONV_A}, headers=key
+    ).text
+    table = text[text.index('<table id="versions">') :]
+    table = table[: table.index("</table>")]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table)[1:]
+    assert "v1 (current)" in rows[0] and "rolled back" not in rows[0]
+    assert "v2 (rolled back)" in rows[1]
+    assert '<tr class="rolled-back">' in table
+    chooser = text[text.index('<select id="version"') :]
+    chooser = chooser[: chooser.index("</select>")]
+    options = re.findall(r'<option value="(\d*)"[^>]*>([^<]*)</option>', chooser)
+    listed = {value: label for value, label in options if value in ("1", "2")}
+    assert "rolled back" not in listed["1"] and "(current)" in listed["1"]
+    assert "rolled back" in listed["2"]
+
+
+def test_the_login_page_says_which_keys_open_it(shared_site: Site) -> None:
+    text = html.unescape(httpx.get(shared_site.url + "/recap/login").text)
+    assert "admin_keys" in text
+    assert "start-up line" in text  # where a first start names the key file it wrote
