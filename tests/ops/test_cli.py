@@ -11,8 +11,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
+from proxy.config import load_config
+from proxy.ops.cli import main
 from tests.fakes import FakeUpstream
 from tests.servers import free_port
 
@@ -155,3 +158,45 @@ def test_an_unset_variable_stops_the_start_naming_it(tmp_path: Path) -> None:
     )
     assert r.returncode == 2, r.stderr
     assert "tenants.default.upstream.base_url: ${RECAP_TEST_UNSET_UP} is not set" in r.stderr
+
+
+def test_init_writes_the_commented_config_and_never_overwrites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = tmp_path / "new"
+    assert main(["init", str(where)]) == 0
+    out = capsys.readouterr().out
+    written = where / "config.yaml"
+    assert written.read_bytes() == (REPO / "config.yaml").read_bytes()
+    assert out.startswith(f"wrote {written}; edit it")
+    for key in ("tenants.default.upstream.base_url", "api_key", "admin_keys", "models"):
+        assert key in out
+    assert f"recap serve --config {written}" in out
+    config = load_config(written, env={})  # starts on a machine with nothing set
+    assert config.base_dir == str(where.resolve())
+
+    written.write_text("# mine\n")
+    assert main(["init", str(where)]) == 1
+    assert "exists: not overwritten" in capsys.readouterr().err
+    assert written.read_text() == "# mine\n"
+
+
+def test_the_packaged_config_is_the_shipped_one() -> None:
+    # `recap init` writes the package's copy (a wheel has no repository beside it).
+    assert (REPO / "proxy" / "config_default.yaml").read_bytes() == (
+        REPO / "config.yaml"
+    ).read_bytes()
+
+
+def test_a_missing_config_says_how_to_make_one(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RECAP_CONFIG"}
+    r = subprocess.run(
+        [sys.executable, "-m", "proxy", "conversations"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 2
+    assert "cannot read config config.yaml: no such file (`recap init`" in r.stderr
