@@ -5,6 +5,7 @@ registered below."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -30,12 +31,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from proxy.app import create_app, load_scenes
     from proxy.edge.serving import protocol_for
+    from proxy.ops.admin_key import provide_admin_key
     from proxy.ops.lifecycle import LoggedServer
     from proxy.ops.logs import configure_logging
 
     config = load_config(_config_path(args.config))
     load_scenes(config)  # a missing or invalid scene stops here with its name
     configure_logging(args.log_format, args.log_level.upper())
+    # With no admin_keys, the key file's key (made on a first start) opens the page: it
+    # joins the config this app is built from, and only that app holds it.
+    config, key = provide_admin_key(config)
+    for problem in (key.warning, key.problem):
+        if problem:
+            logging.getLogger("recap.server").warning("admin key: %s", problem)
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
     server = LoggedServer(
@@ -57,6 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server_header=False,
             date_header=False,
         ),
+        key,
     )
     server.run()
     return 0 if server.started else 1
