@@ -304,3 +304,21 @@ def test_the_login_page_says_which_keys_open_it(shared_site: Site) -> None:
     text = html.unescape(httpx.get(shared_site.url + "/recap/login").text)
     assert "admin_keys" in text
     assert "start-up line" in text  # where a first start names the key file it wrote
+
+
+def test_a_wrong_operator_key_is_called_that_not_a_proxy_key(shared_site: Site) -> None:
+    # Before: "Invalid proxy API key.", the chat route's words, for a mistyped admin key.
+    wrong = bearer("admin-key-typo")
+    r = httpx.get(shared_site.url + "/v1/recap/conversations", headers=wrong)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    message = r.json()["error"]["message"]
+    assert "proxy API key" not in message and "admin key" in message
+    r = httpx.get(shared_site.url + "/recap/", headers=wrong)
+    assert r.status_code == 401 and "proxy API key" not in html.unescape(r.text)
+    # The chat route keeps its own words.
+    r = httpx.post(
+        shared_site.url + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers=wrong,
+    )
+    assert r.status_code == 401 and r.json()["error"]["message"] == "Invalid proxy API key."
