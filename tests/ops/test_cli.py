@@ -109,6 +109,7 @@ def test_serve_in_text_says_it_is_up_and_that_it_stopped(tmp_path: Path, upstrea
     )
     try:
         assert proc.stderr is not None
+        day = proc.stderr.readline()  # the date and zone of the times below
         first = proc.stderr.readline()  # written once the socket is bound
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     finally:
@@ -121,6 +122,7 @@ def test_serve_in_text_says_it_is_up_and_that_it_stopped(tmp_path: Path, upstrea
         in first
     )
     assert "{" not in first and "\033[" not in first  # text, and no colours off a terminal
+    assert day.startswith("-- ") and ", times in " in day
     assert rest.splitlines()[-1].split(maxsplit=2)[2].startswith("recap stopped after ")
 
 
