@@ -5,6 +5,7 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md /src/
 COPY proxy /src/proxy
+COPY scenes /src/scenes
 RUN python3 -m venv /opt/recap && /opt/recap/bin/pip install --no-cache-dir /src \
     && rm -rf /src \
     && useradd --create-home --uid 10001 recap \

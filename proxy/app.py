@@ -114,7 +114,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
     from proxy.archive.retention import Retention
     from proxy.dialects.responses import ResponsesDialect
     from proxy.edge.codex import CodexGate, ResponsesCompact
-    from proxy.edge.compacting import ChatCompletions
+    from proxy.edge.compacting import CompactingRoute
     from proxy.edge.operator import operator_routes
     from proxy.edge.passthrough import Passthrough
     from proxy.web import web_routes
@@ -189,8 +189,8 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
     async def not_found(request: Request) -> Response:
         raise NotFound(f"Unknown path {request.url.path}")
 
-    chat = ChatCompletions()
-    responses = CodexGate(ChatCompletions(ResponsesDialect()))
+    chat = CompactingRoute()
+    responses = CodexGate(CompactingRoute(ResponsesDialect()))
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -208,8 +208,8 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         Route("/{path:path}", not_found),
     ]
     direct = {
-        "/v1/chat/completions": Edge(Rendered(chat), metrics),
-        "/v1/responses": Edge(Rendered(responses), metrics),
+        "/v1/chat/completions": Edge(Rendered(chat, chat.errors), metrics, chat.errors),
+        "/v1/responses": Edge(Rendered(responses, responses.errors), metrics, responses.errors),
     }
     app = RecapApp(direct, routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(Edge, metrics=metrics)

@@ -201,7 +201,7 @@ class Config:
     store_pool: StorePool = field(default_factory=StorePool)
     conversation_header: str = "X-Conversation-Id"
     max_body_bytes: int = 32 * 1024 * 1024
-    # None (or empty): the scenes shipped in the package (proxy/scenes_default/).
+    # None (or empty): the scenes shipped in the package (scenes/, as proxy.scenes_default).
     scenes_dir: str | None = None
     tenants: Mapping[str, Tenant] = field(default_factory=lambda: {"default": Tenant("default")})
     models: Mapping[str, Model] = field(default_factory=dict)

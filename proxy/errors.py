@@ -14,16 +14,19 @@
     ├── StoreUnavailable  503     server_error / store_unavailable (operator routes)
     └── UpstreamTimeout   504     upstream_error / upstream_timeout
 
-Upstream errors are never wrapped: their status and body pass through untouched.
-Foreign exceptions are translated at one boundary each: httpx in `upstream.mapped_errors`,
-the store's in `store.base`, Starlette's routing errors and anything unexpected in
-`proxy/edge/boundary.py`. This module knows no IO; `error_json` is the one renderer of the shape.
+Upstream errors are never wrapped: their status and body pass through untouched. Each API
+writes Recap's own errors in its own shape (`ErrorShape`, one per dialect:
+`Dialect.errors`): OpenAI's is `OPENAI_ERRORS`, the default of every route. Foreign
+exceptions are translated at one boundary each: httpx in `upstream.mapped_errors`, the
+store's in `store.base`, Starlette's routing errors and anything unexpected in
+`proxy/edge/boundary.py`. This module knows no IO; `error_json` is the one renderer of
+OpenAI's shape.
 """
 
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 
 class RecapError(Exception):
@@ -125,3 +128,25 @@ def error_json(err: RecapError) -> bytes:
 def sse_error_event(err: RecapError) -> bytes:
     """The final event of a stream that broke after it started (headers already sent)."""
     return b"data: " + error_json(err) + b"\n\n"
+
+
+class ErrorShape(Protocol):
+    """How one API writes Recap's own errors: the body of an error answer, and the final
+    event of a stream that broke after it started (its headers already sent)."""
+
+    def body(self, err: RecapError) -> bytes: ...
+
+    def event(self, err: RecapError) -> bytes: ...
+
+
+class OpenAIErrors:
+    """`{"error": {"message", "type", "param", "code"}}`, as a body and as `data:`."""
+
+    def body(self, err: RecapError) -> bytes:
+        return error_json(err)
+
+    def event(self, err: RecapError) -> bytes:
+        return sse_error_event(err)
+
+
+OPENAI_ERRORS: ErrorShape = OpenAIErrors()

@@ -24,7 +24,8 @@ from proxy.dialects.base import Dialect
 from proxy.dialects.chat import ChatDialect
 from proxy.history.measure import Measure
 from proxy.history.messages import Classification, Message, chain_of, split_pinned
-from proxy.planning.outcome import CompactionOutcome, layers
+from proxy.planning.outcome import CompactionOutcome, Layer, layers
+from proxy.record import RequestRecord
 from proxy.store.base import ConversationRef, StoreError
 
 log = logging.getLogger("recap.pipeline")
@@ -65,10 +66,12 @@ class Exchange:
     notify: Callable[[str], Awaitable[None]] = _no_notify
     # ...and how often `waiting` repeats one while a summarizer call runs (0: never).
     keepalive_s: float = 0.0
-    # Fields for the request's log line, and extra response headers.
-    log_fields: dict[str, Any] = field(default_factory=dict)
+    # What the request's log line and metrics report (shared with the route), and extra
+    # response headers.
+    record: RequestRecord = field(default_factory=RequestRecord)
     response_headers: dict[str, str] = field(default_factory=dict)
-    # What each compaction layer did, in order (read by headers, log, metrics, archive).
+    # What each compaction layer did, in order (read by headers, archive, and the record
+    # once the estimate stage hands it on).
     outcomes: list[CompactionOutcome] = field(default_factory=list)
     # Index in `messages` of the last summary message a stage inserted (protected by
     # the last-resort fit).
@@ -90,10 +93,10 @@ class Exchange:
             self.messages = list(self.body.get("messages") or [])
         self.original: list[Message] = self.messages
 
-    def record(self, outcome: CompactionOutcome) -> None:
+    def report(self, outcome: CompactionOutcome) -> None:
         self.outcomes.append(outcome)
 
-    def outcome(self, layer: str) -> CompactionOutcome | None:
+    def outcome(self, layer: Layer) -> CompactionOutcome | None:
         """The last outcome `layer` recorded on this request, if any."""
         return next((o for o in reversed(self.outcomes) if o.layer == layer), None)
 
@@ -145,7 +148,7 @@ class Exchange:
             await self.archive_now()
         except StoreError as exc:
             self.archive_failed = True
-            self.log_fields["archive_error"] = str(exc)
+            self.record.archive_error = str(exc)
             log.warning("archive write failed, not compacting: %s", exc)
             return False
         self.unarchived = []
@@ -170,8 +173,8 @@ class Exchange:
     def count_for_log(self) -> None:
         """The logged `input_tokens`, if no stage counted them: after the response, off
         the latency path."""
-        if "input_tokens" not in self.log_fields:
-            self.log_fields["input_tokens"] = self.measure.total(self.messages)
+        if self.record.input_tokens is None:
+            self.record.input_tokens = self.measure.total(self.messages)
 
     @property
     def changed(self) -> bool:
@@ -257,9 +260,7 @@ class Pipeline:
             ) as exc:  # any stage failure: keep going with what we had (see docstring)
                 exchange.messages = before
                 del exchange.outcomes[reported:]
-                exchange.log_fields.setdefault("stage_errors", []).append(
-                    f"{stage.name}:{type(exc).__name__}"
-                )
+                exchange.record.stage_errors.append(f"{stage.name}:{type(exc).__name__}")
                 log.warning(
                     "stage %s failed, request continues without it: %s: %s",
                     stage.name,

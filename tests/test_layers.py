@@ -30,7 +30,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("proxy.config", "proxy.errors", "proxy.wire"),  # settings, the error tree, bytes
     ("proxy.history",),  # the neutral model of a conversation
     ("proxy.planning", "proxy.dialects"),  # pure planners; one adapter per API
-    ("proxy.store",),  # the store interface and its drivers
+    ("proxy.store", "proxy.record"),  # the store; the request's record
     ("proxy.pipeline",),  # Exchange, Stage, Pipeline
     ("proxy.archive", "proxy.upstream"),  # the archive; the outbound HTTP client
     ("proxy.stages",),  # the stages: planners + store + summarizer

@@ -1,10 +1,10 @@
 """The package as a user installs it: a wheel in a fresh venv, a config in another directory.
 
-The default summarizer prompts are package data (proxy/scenes_default/): a wheel without
-them starts nowhere but in a clone; so is the commented config `recap init` writes. This
-builds the wheel from the sources alone, installs it into a new venv in a temporary
-directory and runs its `recap serve` against a fake upstream until a request compacts with
-the packaged prompt.
+The default summarizer prompts are package data (the top-level scenes/, shipped as
+proxy/scenes_default/): a wheel without them starts nowhere but in a clone; so is the
+commented config `recap init` writes (proxy/config_default.yaml). This builds the wheel from
+the sources alone, installs it into a new venv in a temporary directory and runs its `recap
+serve` against a fake upstream until a request compacts with the packaged prompt.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def build_wheel(out: Path) -> Path:
     src.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "proxy", src / "proxy", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("proxy", "scenes"):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [
             *(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"),
@@ -77,11 +78,15 @@ def test_a_wheel_in_a_fresh_venv_compacts_with_its_packaged_prompts(
     tmp_path: Path, upstream_url: str, fake: FakeUpstream
 ) -> None:
     wheel = build_wheel(tmp_path / "wheel")
-    packaged = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("proxy/scenes_")}
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packaged = {n for n in names if n.startswith("proxy/scenes_") and n.endswith(".yaml")}
     assert packaged == {
         "proxy/scenes_default/session_compact.yaml",
         "proxy/scenes_default/loop_compact.yaml",
     }
+    # Every folder of the package is in the wheel (pyproject.toml lists them by name).
+    folders = {p.relative_to(REPO).as_posix() for p in (REPO / "proxy").rglob("__init__.py")}
+    assert folders and folders <= names
     python = fresh_venv(tmp_path / "venv", wheel)
     where = subprocess.run(
         [str(python), "-c", "import proxy; print(proxy.__file__)"],
@@ -146,7 +151,7 @@ def test_a_wheel_in_a_fresh_venv_compacts_with_its_packaged_prompts(
         _, err = proc.communicate(timeout=20)
 
     # The summarizer got the packaged prompt, and the model a history with its summary.
-    scene = yaml.safe_load((REPO / "proxy" / "scenes_default" / "session_compact.yaml").read_text())
+    scene = yaml.safe_load((REPO / "scenes" / "session_compact.yaml").read_text())
     (summarize,) = fake.chat_requests("summarize")
     system = summarize.json["messages"][0]
     assert system["role"] == "system"

@@ -47,6 +47,7 @@ from proxy.archive.archived import ArchivedIndex
 from proxy.archive.journal import Journal, orphans
 from proxy.history.messages import Message
 from proxy.pipeline import Exchange
+from proxy.planning.outcome import Layer
 from proxy.store.base import (
     ConversationRef,
     EventType,
@@ -173,7 +174,7 @@ class Archiver:
         """
         ex.count_for_log()  # tokens_after; mostly seeded counts, so cheap
         conv = ex.conversation
-        session, trim = ex.outcome("session"), ex.outcome("trim")
+        session, trim = ex.outcome(Layer.SESSION), ex.outcome(Layer.TRIM)
         rows = self.unarchived(ex)  # for most requests, first worked out now
         sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
         if ex.changed:

@@ -6,6 +6,7 @@ The seam, in four verbs (`Dialect` in proxy/dialects/base.py):
     render(parsed, view)    -> the body to forward, with `view` in place of the history
     recorder(streamed, ...) -> reads the answer (archive, usage for calibration)
     error_event(body, st)   -> an upstream error as one in-band SSE event of this API
+    errors                  -> Recap's own errors in this API's shape (body, stream event)
 
 The neutral view is the list of chat-shaped messages the planners have always read
 (`proxy.history.messages`, `proxy.history.conversation`): pinned system/developer messages, user and

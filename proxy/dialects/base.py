@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.errors import ErrorShape
 from proxy.history.messages import Message
 
 
@@ -57,6 +58,44 @@ class Recorder(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SummaryAnswer:
+    """A summarizer call's answer, read: its text, why it stopped ("stop", "length", or
+    another word of the API's), its tokens and the model that wrote it."""
+
+    text: str | None
+    finish: str | None
+    input_tokens: int
+    output_tokens: int
+    model: str | None
+
+
+class SummaryCall(Protocol):
+    """The summarizer's own model call in one API: one non-streamed request and its answer.
+
+    A compaction asks the tenant's upstream through the API of the request that needs
+    it, so an upstream that serves only that API still compacts."""
+
+    # The path of the call, under the upstream's base URL.
+    path: str
+
+    def request(
+        self, model: str, system: str, user: str, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The body: `system` and `user` from the scene; `options` the sampling settings
+        and `max_tokens` that are set."""
+        ...
+
+    def credentials(self, api_key: str) -> dict[str, str]:
+        """The headers that carry the upstream's own key."""
+        ...
+
+    def answer(self, data: Any) -> SummaryAnswer:
+        """The answer's JSON read; raises KeyError, IndexError, TypeError, AttributeError
+        or ValueError when it is not an answer of this API."""
+        ...
+
+
 class Dialect(Protocol):
     """One API: how its requests map onto the neutral view and back."""
 
@@ -66,6 +105,11 @@ class Dialect(Protocol):
     history_key: str
     # Body fields naming the most output tokens the client allows (the fit keeps room).
     output_limit_keys: tuple[str, ...]
+    # Recap's own errors on this API's route: an error answer's body, and the final event
+    # of a stream that broke after it started (never another API's shape).
+    errors: ErrorShape
+    # How the summarizer asks the upstream for a summary in this API.
+    summary_call: SummaryCall
 
     def parse(self, raw: bytes) -> Parsed | Unparsed: ...
 
@@ -79,5 +123,6 @@ class Dialect(Protocol):
     def recorder(self, streamed: bool, encoding: str) -> Recorder: ...
 
     def error_event(self, body: bytes, status: int) -> bytes:
-        """An upstream error as SSE bytes of this API, once the stream has started."""
+        """An upstream's error answer (its body and status) as SSE bytes of this API, for
+        a stream that had already started (compaction progress went out first)."""
         ...

@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.dialects.base import Parsed, PassReason, Unparsed
+from proxy.dialects.base import Parsed, PassReason, SummaryAnswer, SummaryCall, Unparsed
+from proxy.errors import OPENAI_ERRORS, ErrorShape
 from proxy.history.identity import chat_key_fields
 from proxy.history.messages import Message, json_bytes
 from proxy.wire import numbers
@@ -58,10 +59,44 @@ def error_object(body: bytes, status: int) -> dict[str, Any]:
     }
 
 
+class ChatSummaryCall:
+    """The summarizer's call as a Chat Completion: a system and a user message."""
+
+    path = "/v1/chat/completions"
+
+    def request(
+        self, model: str, system: str, user: str, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return {"model": model, "messages": messages, "stream": False, **options}
+
+    def credentials(self, api_key: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {api_key}"}
+
+    def answer(self, data: Any) -> SummaryAnswer:
+        choice = data["choices"][0]
+        text = choice["message"].get("content")
+        finish = choice.get("finish_reason")
+        usage = data.get("usage") or {}
+        model = data.get("model")
+        return SummaryAnswer(
+            text if isinstance(text, str) else None,
+            finish if isinstance(finish, str) else None,
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+            model if isinstance(model, str) and model else None,
+        )
+
+
+CHAT_SUMMARY: SummaryCall = ChatSummaryCall()
+
+
 class ChatDialect:
     name = "chat"
     history_key = "messages"
     output_limit_keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+    errors: ErrorShape = OPENAI_ERRORS
+    summary_call: SummaryCall = CHAT_SUMMARY
 
     def parse(self, raw: bytes) -> Parsed | Unparsed:
         loaded = parse_json(raw)

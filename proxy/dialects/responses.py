@@ -31,9 +31,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.dialects.base import Parsed, PassReason, Unparsed
-from proxy.dialects.chat import error_object, parse_json, write_json
+from proxy.dialects.base import Parsed, PassReason, SummaryCall, Unparsed
+from proxy.dialects.chat import CHAT_SUMMARY, error_object, parse_json, write_json
 from proxy.dialects.responses_answer import ResponsesRecorder
+from proxy.errors import OPENAI_ERRORS, ErrorShape
 from proxy.history.identity import chat_key_fields
 from proxy.history.messages import Message
 
@@ -164,6 +165,11 @@ class ResponsesDialect:
     name = "responses"
     history_key = "input"
     output_limit_keys: tuple[str, ...] = ("max_output_tokens",)
+    # Recap's own errors, as on chat: the Responses clients read OpenAI's error object.
+    errors: ErrorShape = OPENAI_ERRORS
+    # The summarizer asks as a Chat Completion: every upstream that serves the Responses
+    # API here (OpenAI, vLLM, ...) serves that too.
+    summary_call: SummaryCall = CHAT_SUMMARY
 
     def parse(self, raw: bytes) -> Parsed | Unparsed:
         loaded = parse_json(raw)

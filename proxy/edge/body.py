@@ -2,7 +2,7 @@
 
 `read_request` reads the bytes, once, and undoes their encoding (the route's adapter in
 proxy/dialects/ parses them). The client's own bytes are
-kept (`ChatBody.raw`) so an unchanged request goes upstream exactly as it came.
+kept (`Incoming.raw`) so an unchanged request goes upstream exactly as it came.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ OFF_LOOP_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
-class ChatBody:
+class Incoming:
     """The request body as it came (`raw`, forwarded when nothing changes) and as read."""
 
     raw: bytes

@@ -1,4 +1,4 @@
-"""The app's error boundary: every error a client sees is in the OpenAI error shape.
+"""The app's error boundary: every error a client sees is in its API's error shape.
 
 Sits between the edge and the routes (see `app.create_app`):
 
@@ -7,8 +7,11 @@ Sits between the edge and the routes (see `app.create_app`):
 
 - `exception_handlers`: RecapError (the proxy's own), StoreError (a store that is
   down: 503) and Starlette's HTTPException (routing: 404, 405) raised by a route,
-  each rendered by `errors.error_json`, the one renderer of the shape.
-- `edge.Edge`: anything else that escapes a handler is a bug, logged once (`describe`)
+  each rendered in OpenAI's shape (`errors.OPENAI_ERRORS`): the operator routes, the page
+  and the pass-through are OpenAI-shaped.
+- `Rendered`: the same for a route served outside Starlette's stack, in the shape of the
+  route's own API (`Dialect.errors`).
+- `front.Edge`: anything else that escapes a handler is a bug, logged once (`describe`)
   and answered as a 500 in the same shape.
 """
 
@@ -25,29 +28,34 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.edge.record import log_fields
 from proxy.edge.relay import Receive, Scope, Send
 from proxy.errors import (
+    OPENAI_ERRORS,
+    ErrorShape,
     MethodNotAllowed,
     NotFound,
     RecapError,
     StoreUnavailable,
     error_body,
-    error_json,
 )
+from proxy.record import record_of
 from proxy.store.base import StoreError
 
 log = logging.getLogger("recap.error")
 
 
-def render(err: RecapError, headers: Mapping[str, str] | None = None) -> Response:
+def render(
+    err: RecapError,
+    headers: Mapping[str, str] | None = None,
+    errors: ErrorShape = OPENAI_ERRORS,
+) -> Response:
     return Response(
-        error_json(err), status_code=err.status, media_type="application/json", headers=headers
+        errors.body(err), status_code=err.status, media_type="application/json", headers=headers
     )
 
 
 def _noted(request: Request, err: RecapError) -> RecapError:
-    log_fields(request.scope)["error"] = err.code  # type: ignore[arg-type]  # the ASGI scope
+    record_of(request.scope).error = err.code
     return err
 
 
@@ -100,11 +108,13 @@ def describe(exc: BaseException) -> str:
 
 class Rendered:
     """`app` with the errors it raises on purpose (RecapError, StoreError) rendered as
-    `EXCEPTION_HANDLERS` render them: for a route served outside Starlette's stack
-    (`app.RecapApp`). One that escapes after the response started goes on to the edge."""
+    `EXCEPTION_HANDLERS` render them, in `errors`' shape: for a route served outside
+    Starlette's stack (`app.RecapApp`). One that escapes after the response started goes
+    on to the edge."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, errors: ErrorShape = OPENAI_ERRORS) -> None:
         self.app = app
+        self.errors = errors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -117,5 +127,5 @@ class Rendered:
             )
 
     async def _answer(self, err: RecapError, scope: Scope, receive: Receive, send: Send) -> None:
-        log_fields(scope)["error"] = err.code
-        await render(err)(scope, receive, send)  # type: ignore[arg-type]  # the ASGI callables
+        record_of(scope).error = err.code
+        await render(err, errors=self.errors)(scope, receive, send)  # type: ignore[arg-type]  # the ASGI callables

@@ -29,16 +29,8 @@ from proxy.dialects.base import Parsed, Unparsed
 from proxy.dialects.chat import parse_json, write_json
 from proxy.dialects.responses import ResponsesDialect, server_history_key
 from proxy.edge.body import READ_BODY, ReadBody, read_request
-from proxy.edge.record import log_fields
-from proxy.edge.relay import (
-    ClientDisconnected,
-    Receive,
-    Responder,
-    Scope,
-    Send,
-    header_map,
-    until_disconnect,
-)
+from proxy.edge.relay import Scope, until_disconnect
+from proxy.edge.route import Call, Route
 from proxy.errors import BadRequest, RecapError
 from proxy.history.identity import conversation_ref, resolve_tenant
 from proxy.planning.remote import (
@@ -49,6 +41,7 @@ from proxy.planning.remote import (
     response_object,
     stream_events,
 )
+from proxy.record import RemoteNote
 from proxy.stages.remote import Compacted, RemoteCompactor
 from proxy.state import AppState
 
@@ -88,23 +81,22 @@ def _input_of(decoded: bytes | None) -> tuple[dict[str, Any], bool, list[Any]] |
     return body, kept, items
 
 
-class _Compaction:
+class _Compaction(Route):
     """What both routes share: expand, then compact and answer."""
 
     dialect = ResponsesDialect()
+    errors = dialect.errors
 
     async def compact(
         self,
-        state: AppState,
-        scope: Scope,
+        call: Call,
         tenant: Tenant,
         body: dict[str, Any],
         kept: bool,
         history: list[Any],
     ) -> Compacted:
+        state, headers, record = call.state, call.headers, call.record
         remote = _remote(state)
-        headers = header_map(scope)
-        fields = log_fields(scope)
         view = {k: v for k, v in body.items() if k != "input"} | {"input": history}
         parsed = self.dialect.parse(write_json(view, kept))
         if not isinstance(parsed, Parsed):
@@ -118,16 +110,18 @@ class _Compaction:
             messages=parsed.messages,
         )
         model = body.get("model") if isinstance(body.get("model"), str) else None
-        fields.update(conversation=conv.key, model=model, messages=len(parsed.messages))
+        record.conversation, record.model = conv.key, model
+        record.messages = len(parsed.messages)
         done = await remote.compact(
             tenant,
             conv,
             parsed.messages,
             model=model,
             authorization=headers.get("authorization"),
-            request_id=str(fields.get("request_id", "")),
+            request_id=record.request_id,
         )
-        fields.update(remote_compaction_version=done.version, remote_compaction_reused=done.reused)
+        if record.remote is not None:
+            record.remote.version, record.remote.reused = done.version, done.reused
         return done
 
 
@@ -143,33 +137,24 @@ class ResponsesCompact(_Compaction):
     def __init__(self, passthrough: App) -> None:
         self.passthrough = passthrough
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state: AppState = scope["state"]["recap"]
-        fields = log_fields(scope)
-        responder = Responder(send, [])
-        try:
-            tenant = resolve_tenant(state.config, header_map(scope))
-            if tenant.remote_compaction == "passthrough":
-                await self.passthrough(scope, receive, send)
-                return
-            fields.update(tenant=tenant.name, remote_compaction=RemoteAction.COMPACT.value)
-            read = await read_request(scope, receive, state.config.max_body_bytes)
-            found = _input_of(read.decoded)
-            if found is None:
-                raise BadRequest("A compaction request needs a JSON body with an `input`.")
-            body, kept, items = found
-            history = await _remote(state).expand(tenant, read_input(items).history)
-            done = await until_disconnect(
-                receive, self.compact(state, scope, tenant, body, kept, history)
-            )
-            await responder.json(
-                200, compact_object(_response_id(), int(time.time()), done.item, done.usage)
-            )
-        except RecapError as err:
-            fields["error"] = err.code
-            await responder.error(err)
-        except ClientDisconnected:
-            fields["client_disconnected"] = True
+    async def handle(self, call: Call) -> None:
+        state, record = call.state, call.record
+        tenant = resolve_tenant(state.config, call.headers)
+        if tenant.remote_compaction == "passthrough":
+            await self.passthrough(call.scope, call.receive, call.send)
+            return
+        record.tenant = tenant.name
+        record.remote = RemoteNote(RemoteAction.COMPACT.value)
+        read = await read_request(call.scope, call.receive, state.config.max_body_bytes)
+        found = _input_of(read.decoded)
+        if found is None:
+            raise BadRequest("A compaction request needs a JSON body with an `input`.")
+        body, kept, items = found
+        history = await _remote(state).expand(tenant, read_input(items).history)
+        done = await until_disconnect(call.receive, self.compact(call, tenant, body, kept, history))
+        await call.responder.json(
+            200, compact_object(_response_id(), int(time.time()), done.item, done.usage)
+        )
 
 
 class CodexGate(_Compaction):
@@ -178,69 +163,58 @@ class CodexGate(_Compaction):
     def __init__(self, route: App) -> None:
         self.route = route
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state: AppState = scope["state"]["recap"]
-        fields = log_fields(scope)
-        responder = Responder(send, [])
+    async def handle(self, call: Call) -> None:
+        state, scope, record = call.state, call.scope, call.record
         try:
-            tenant = resolve_tenant(state.config, header_map(scope))
+            tenant = resolve_tenant(state.config, call.headers)
         except RecapError:
-            await self.route(scope, receive, send)  # the route answers it, as always
+            await self.route(scope, call.receive, call.send)  # the route answers it, as always
             return
         if tenant.remote_compaction == "passthrough":
-            await self.route(scope, receive, send)
+            await self.route(scope, call.receive, call.send)
             return
-        try:
-            read = await read_request(scope, receive, state.config.max_body_bytes)
-            found = None
-            if read.decoded is not None and may_hold_compaction(read.decoded):
-                found = _input_of(read.decoded)
-            asked = read_input(found[2]) if found is not None else None
-            if found is None or asked is None or not (asked.triggered or asked.compactions):
-                scope[READ_BODY] = read  # the route reads it from here, not again
-                await self.route(scope, receive, send)
-                return
-            body, kept, _ = found
-            if server_history_key(body) is not None:
-                # The upstream holds the history: Recap cannot compact or expand it.
-                log.info(
-                    "compaction item or trigger with a history the upstream holds: forwarded",
-                    extra={"request_id": fields.get("request_id")},
-                )
-                scope[READ_BODY] = read
-                await self.route(scope, receive, send)
-                return
-            fields["tenant"] = tenant.name
-            history = await _remote(state).expand(tenant, asked.history)
-            if not asked.triggered:
-                fields["remote_compaction"] = RemoteAction.EXPANDED.value
-                rewritten = write_json({**body, "input": history}, kept)
-                await self.route(_with_body(scope, rewritten), receive, send)
-                return
-            fields["remote_compaction"] = RemoteAction.TRIGGER.value
-            await until_disconnect(
-                receive, self._answer(state, scope, tenant, body, kept, history, responder)
+        read = await read_request(scope, call.receive, state.config.max_body_bytes)
+        found = None
+        if read.decoded is not None and may_hold_compaction(read.decoded):
+            found = _input_of(read.decoded)
+        asked = read_input(found[2]) if found is not None else None
+        if found is None or asked is None or not (asked.triggered or asked.compactions):
+            scope[READ_BODY] = read  # the route reads it from here, not again
+            await self.route(scope, call.receive, call.send)
+            return
+        body, kept, _ = found
+        if server_history_key(body) is not None:
+            # The upstream holds the history: Recap cannot compact or expand it.
+            log.info(
+                "compaction item or trigger with a history the upstream holds: forwarded",
+                extra={"request_id": record.request_id},
             )
-        except RecapError as err:
-            fields["error"] = err.code
-            await responder.error(err)
-        except ClientDisconnected:
-            fields["client_disconnected"] = True
+            scope[READ_BODY] = read
+            await self.route(scope, call.receive, call.send)
+            return
+        record.tenant = tenant.name
+        history = await _remote(state).expand(tenant, asked.history)
+        if not asked.triggered:
+            record.remote = RemoteNote(RemoteAction.EXPANDED.value)
+            rewritten = write_json({**body, "input": history}, kept)
+            await self.route(_with_body(scope, rewritten), call.receive, call.send)
+            return
+        record.remote = RemoteNote(RemoteAction.TRIGGER.value)
+        await until_disconnect(call.receive, self._answer(call, tenant, body, kept, history))
 
     async def _answer(
         self,
-        state: AppState,
-        scope: Scope,
+        call: Call,
         tenant: Tenant,
         body: dict[str, Any],
         kept: bool,
         history: list[Any],
-        responder: Responder,
     ) -> None:
+        responder = call.responder
         model = body.get("model") if isinstance(body.get("model"), str) else None
         response_id, created = _response_id(), int(time.time())
         if body.get("stream") is not True:
-            done = await self.compact(state, scope, tenant, body, kept, history)
+            done = await self.compact(call, tenant, body, kept, history)
             await responder.json(
                 200, response_object(response_id, model, created, done.item, done.usage)
             )
@@ -249,9 +223,9 @@ class CodexGate(_Compaction):
         await responder.start_sse([(b"x-accel-buffering", b"no")])
         await responder.comment("recap compacting")
         try:
-            done = await self.compact(state, scope, tenant, body, kept, history)
+            done = await self.compact(call, tenant, body, kept, history)
         except RecapError as err:
-            log_fields(scope)["error"] = err.code
+            call.record.error = err.code
             await responder.chunk(_failed(response_id, model, created, err))
             await responder.end()
             return

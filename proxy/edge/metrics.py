@@ -1,10 +1,10 @@
-"""Prometheus metrics: fed from each request's log fields, served at `GET /metrics`.
+"""Prometheus metrics: fed from each request's record, served at `GET /metrics`.
 
-Sits around the whole app as a pure-ASGI middleware (outside the access log), so
-when a request ends its log fields are complete: status, classification, overhead,
-and whatever the stages recorded (session_trigger, loop_failure, trimmed_results,
-summarizer tokens, ...). One `Metrics` per app, with its own CollectorRegistry:
-nothing registers globally, so tests build as many apps as they like.
+The front (`front.Edge`) observes every request when it ends, so its record
+(`proxy/record.py`) is complete: status, classification, overhead, and the typed
+outcomes the stages reported (layer, action, trigger, summarizer tokens, ...). One
+`Metrics` per app, with its own CollectorRegistry: nothing registers globally, so
+tests build as many apps as they like.
 
 Labels are low-cardinality by construction: a route name (not the path), the HTTP
 status, the classification, a layer, an outcome, an error code. Never a tenant,
@@ -12,9 +12,6 @@ a conversation or a key. `/healthz`, `/readyz` and `/metrics` are not counted.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -24,6 +21,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from proxy.planning.outcome import Layer
+from proxy.record import RequestRecord
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "compactions_of", "route_of"]
 
@@ -36,11 +36,11 @@ _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 _SUMMARIZER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 
 
-def route_of(path: str) -> str:
-    if path == "/v1/chat/completions":
-        return "chat"
-    if path == "/v1/responses":
-        return "responses"
+def route_of(record: RequestRecord) -> str:
+    """The route's label: its own name (a compacting route's dialect), else by path."""
+    if record.route is not None:
+        return record.route
+    path = record.path
     if path == "/v1/recap" or path.startswith("/v1/recap/"):
         return "operator"
     if path.startswith("/v1/"):
@@ -48,35 +48,20 @@ def route_of(path: str) -> str:
     return "other"
 
 
-def compactions_of(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(layer, outcome) of every compaction attempt one request recorded.
-
-    Read from the request's typed outcomes (`compactions` in the log fields, see
-    proxy/planning/outcome.py); an applied stored summary or a skip is no attempt.
-    """
+def compactions_of(record: RequestRecord) -> list[tuple[str, str]]:
+    """(layer, outcome) of every compaction attempt one request recorded, from its typed
+    outcomes; an applied stored summary or a skip is no attempt."""
     out: list[tuple[str, str]] = []
-    for o in _outcomes(fields):
-        if o.get("action") not in ("compacted", "failed"):
+    for o in record.outcomes:
+        if o.action not in ("compacted", "failed"):
             continue
-        layer = str(o.get("layer"))
-        if layer == "session" and o.get("trigger") == "forced":
-            layer = "manual"  # a forced compaction (x-recap-compaction: force) is audited so
-        out.append((layer, "failed" if o.get("action") == "failed" else "ok"))
-    manual = fields.get("manual_compaction")  # the operator's compact route
-    if manual:
-        out.append(("manual", str(manual)))
+        layer = o.layer
+        if o.layer == Layer.SESSION and o.trigger == "forced":
+            layer = Layer.MANUAL  # a forced compaction (x-recap-compaction: force) is audited so
+        out.append((str(layer), "failed" if o.action == "failed" else "ok"))
+    if record.manual is not None:  # the operator's compact route
+        out.append((Layer.MANUAL.value, record.manual.status))
     return out
-
-
-def _outcomes(fields: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    found = fields.get("compactions")
-    return [o for o in found if isinstance(o, Mapping)] if isinstance(found, list) else []
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
 
 
 class Metrics:
@@ -151,42 +136,40 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def observe(self, path: str, fields: Mapping[str, Any]) -> None:
-        """Count one finished request from its log fields."""
-        route = route_of(path)
-        status = str(fields.get("status") or 500)
-        self.requests.labels(route, status, str(fields.get("classification") or "none")).inc()
-        if (total := _number(fields.get("total_ms"))) is not None:
-            self.duration.labels(route).observe(total / 1000)
-        if (overhead := _number(fields.get("overhead_ms"))) is not None:
-            self.overhead.labels(route).observe(overhead / 1000)
-        for layer, outcome in compactions_of(fields):
+    def observe(self, record: RequestRecord) -> None:
+        """Count one finished request from its record."""
+        route = route_of(record)
+        status = str(record.status or 500)
+        self.requests.labels(route, status, record.classification or "none").inc()
+        if record.total_ms is not None:
+            self.duration.labels(route).observe(record.total_ms / 1000)
+        if record.overhead_ms is not None:
+            self.overhead.labels(route).observe(record.overhead_ms / 1000)
+        for layer, outcome in compactions_of(record):
             self.compactions.labels(layer, outcome).inc()
-        before, after = _number(fields.get("tokens_before")), _number(fields.get("input_tokens"))
+        before, after = record.tokens_before, record.input_tokens
         if after is not None:
             self.input_tokens.inc(after)
             if before is not None and before > after:
                 self.tokens_saved.inc(before - after)
-        for direction, key in (
-            ("input", "summarizer_tokens_in"),
-            ("output", "summarizer_tokens_out"),
-        ):
-            if tokens := _number(fields.get(key)):
+        tokens_in = sum(o.summarizer_tokens_in for o in record.outcomes)
+        tokens_out = sum(o.summarizer_tokens_out for o in record.outcomes)
+        for direction, tokens in (("input", tokens_in), ("output", tokens_out)):
+            if tokens:
                 self.summarizer_tokens.labels(direction).inc(tokens)
-        for o in _outcomes(fields):
-            ms = _number(o.get("duration_ms"))
-            if o.get("layer") in ("session", "loop") and ms is not None:
-                forced = o.get("layer") == "session" and o.get("trigger") == "forced"
-                layer = "manual" if forced else str(o.get("layer"))
-                self.summarizer_duration.labels(layer).observe(ms / 1000)
-        if (ms := _number(fields.get("manual_compaction_ms"))) is not None:
-            self.summarizer_duration.labels("manual").observe(ms / 1000)
-        if code := fields.get("error"):
-            self.errors.labels(str(code)).inc()
-        for entry in fields.get("stage_errors") or ():
-            self.stage_errors.labels(str(entry).split(":", 1)[0]).inc()
-        if action := fields.get("remote_compaction"):
-            reused = fields.get("remote_compaction_reused")
+        for o in record.outcomes:
+            if o.layer in (Layer.SESSION, Layer.LOOP) and o.duration_ms is not None:
+                forced = o.layer == Layer.SESSION and o.trigger == "forced"
+                layer = Layer.MANUAL if forced else o.layer
+                self.summarizer_duration.labels(str(layer)).observe(o.duration_ms / 1000)
+        if record.manual is not None:
+            self.summarizer_duration.labels(Layer.MANUAL.value).observe(record.manual.ms / 1000)
+        if record.error:
+            self.errors.labels(record.error).inc()
+        for entry in record.stage_errors:
+            self.stage_errors.labels(entry.split(":", 1)[0]).inc()
+        if record.remote is not None:
+            reused = record.remote.reused
             self.remote_compactions.labels(
-                str(action), "" if reused is None else str(bool(reused)).lower()
+                record.remote.action, "" if reused is None else str(bool(reused)).lower()
             ).inc()

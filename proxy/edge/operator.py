@@ -20,7 +20,6 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from starlette.requests import Request
@@ -30,7 +29,6 @@ from starlette.routing import Route
 from proxy.archive.export import export_lines
 from proxy.archive.inspection import detail, list_page, parse_version, require, rollback, view
 from proxy.config import Config, Tenant
-from proxy.edge.record import log_fields
 from proxy.errors import (
     BadRequest,
     CompactionFailed,
@@ -40,6 +38,7 @@ from proxy.errors import (
     Unauthorized,
 )
 from proxy.history.identity import bearer_token, is_admin_key, resolve_tenant
+from proxy.record import ManualNote, RequestRecord, record_of
 from proxy.stages.manual import ManualResult, compact_now
 from proxy.stages.session import SessionStage
 from proxy.state import AppState
@@ -90,7 +89,7 @@ def resolve_caller(
     return Caller(False, tenant, headers.get("authorization"))
 
 
-Handler = Callable[[Request, AppState, dict[str, Any]], Awaitable[Response]]
+Handler = Callable[[Request, AppState, RequestRecord], Awaitable[Response]]
 
 
 def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -98,11 +97,11 @@ def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         # A RecapError or StoreError raised here is rendered by the app's error
         # boundary (boundary.py), like every other route's.
         state: AppState = request.state.recap
-        fields = log_fields(request.scope)  # type: ignore[arg-type]  # the ASGI scope
+        record = record_of(request.scope)
         # What the archiver holds (journaled, not yet stored) goes to the store first: an
         # operator sees every request answered so far.
         await state.archiver.flush()
-        return await handler(request, state, fields)
+        return await handler(request, state, record)
 
     return endpoint
 
@@ -112,27 +111,27 @@ def _headers(request: Request) -> dict[str, str]:
 
 
 def _conversation(
-    request: Request, state: AppState, fields: dict[str, Any]
+    request: Request, state: AppState, record: RequestRecord
 ) -> tuple[Caller, Tenant, ConversationRef]:
-    caller = _caller(request, state, fields, need_tenant=True)
+    caller = _caller(request, state, record, need_tenant=True)
     assert caller.tenant is not None  # need_tenant
     key = request.path_params["key"]
-    fields["conversation"] = key
+    record.conversation = key
     return caller, caller.tenant, ConversationRef(caller.tenant.name, key)
 
 
 def _caller(
-    request: Request, state: AppState, fields: dict[str, Any], *, need_tenant: bool
+    request: Request, state: AppState, record: RequestRecord, *, need_tenant: bool
 ) -> Caller:
     named = request.query_params.get("tenant") or None
     caller = resolve_caller(state.config, _headers(request), named, need_tenant=need_tenant)
     if caller.tenant is not None:
-        fields["tenant"] = caller.tenant.name
+        record.tenant = caller.tenant.name
     return caller
 
 
-async def _list(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
-    caller = _caller(request, state, fields, need_tenant=False)
+async def _list(request: Request, state: AppState, record: RequestRecord) -> Response:
+    caller = _caller(request, state, record, need_tenant=False)
     params = request.query_params
     try:
         limit = int(params.get("limit", "50"))
@@ -147,18 +146,18 @@ async def _list(request: Request, state: AppState, fields: dict[str, Any]) -> Re
     return JSONResponse(await list_page(state.store, tenant, limit, before, cursor))
 
 
-async def _detail(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
-    _, _, conv = _conversation(request, state, fields)
+async def _detail(request: Request, state: AppState, record: RequestRecord) -> Response:
+    _, _, conv = _conversation(request, state, record)
     return JSONResponse(await detail(state.store, conv))
 
 
-async def _view(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
-    _, _, conv = _conversation(request, state, fields)
+async def _view(request: Request, state: AppState, record: RequestRecord) -> Response:
+    _, _, conv = _conversation(request, state, record)
     return JSONResponse(await view(state.store, conv))
 
 
-async def _export(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
-    _, _, conv = _conversation(request, state, fields)
+async def _export(request: Request, state: AppState, record: RequestRecord) -> Response:
+    _, _, conv = _conversation(request, state, record)
     lines: AsyncGenerator[str, None] = export_lines(state.store, conv)
     # The first line is read here so that a missing conversation is a 404, not an
     # empty 200: once streaming has begun the status cannot change.
@@ -186,9 +185,9 @@ async def _export(request: Request, state: AppState, fields: dict[str, Any]) -> 
     )
 
 
-async def _compact(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
-    caller, tenant, conv = _conversation(request, state, fields)
-    result = await manual_compaction(state, caller, tenant, conv, fields)
+async def _compact(request: Request, state: AppState, record: RequestRecord) -> Response:
+    caller, tenant, conv = _conversation(request, state, record)
+    result = await manual_compaction(state, caller, tenant, conv, record)
     return JSONResponse(
         {
             "object": "recap.compaction",
@@ -205,7 +204,7 @@ async def _compact(request: Request, state: AppState, fields: dict[str, Any]) ->
 
 
 async def manual_compaction(
-    state: AppState, caller: Caller, tenant: Tenant, conv: ConversationRef, fields: dict[str, Any]
+    state: AppState, caller: Caller, tenant: Tenant, conv: ConversationRef, record: RequestRecord
 ) -> ManualResult:
     """Compact now (the JSON route and the web page's button), noting it in the access log."""
     stage = next((s for s in state.pipeline.stages if s.name == "session"), None)
@@ -222,18 +221,15 @@ async def manual_compaction(
             state.store, stage, state.config, tenant, conv, caller.authorization
         )
     except (CompactionFailed, Conflict) as exc:
-        fields.update(
-            manual_compaction="failed" if isinstance(exc, CompactionFailed) else "skipped",
-            manual_compaction_ms=took(),
-            manual_compaction_reason=exc.message,
-        )
+        status = "failed" if isinstance(exc, CompactionFailed) else "skipped"
+        record.manual = ManualNote(status, took(), exc.message)
         raise
-    fields.update(manual_compaction="ok", manual_compaction_ms=took())
+    record.manual = ManualNote("ok", took())
     return result
 
 
-async def _rollback(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
-    _, _, conv = _conversation(request, state, fields)
+async def _rollback(request: Request, state: AppState, record: RequestRecord) -> Response:
+    _, _, conv = _conversation(request, state, record)
     raw = await request.body()
     if len(raw) > MAX_BODY:
         raise BadRequest("rollback body is too large")
@@ -242,11 +238,11 @@ async def _rollback(request: Request, state: AppState, fields: dict[str, Any]) -
     except ValueError:
         raise BadRequest("rollback body is not JSON") from None
     version = parse_version(body)
-    result = await rollback(state.store, conv, version, str(fields.get("request_id", "")))
+    result = await rollback(state.store, conv, version, record.request_id)
     return JSONResponse(result)
 
 
-async def _unknown(request: Request, state: AppState, fields: dict[str, Any]) -> Response:
+async def _unknown(request: Request, state: AppState, record: RequestRecord) -> Response:
     raise NotFound(f"Unknown path {request.url.path} ({request.method})")
 
 
@@ -281,9 +277,7 @@ def split_conversation_path(raw_path: bytes) -> tuple[str, str | None] | None:
     return (key, sub) if sub in _SUBROUTES and sub else None
 
 
-async def _conversation_route(
-    request: Request, state: AppState, fields: dict[str, Any]
-) -> Response:
+async def _conversation_route(request: Request, state: AppState, record: RequestRecord) -> Response:
     raw = request.scope.get("raw_path") or request.scope["path"].encode("utf-8")
     found = split_conversation_path(raw.split(b"?", 1)[0])
     if found is None:
@@ -293,7 +287,7 @@ async def _conversation_route(
     if request.method not in methods:
         raise MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}")
     request.scope["path_params"] = {"key": key}
-    return await handler(request, state, fields)
+    return await handler(request, state, record)
 
 
 def operator_routes() -> list[Route]:

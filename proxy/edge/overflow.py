@@ -123,8 +123,8 @@ def retry_exchange(ex: Exchange, window: int) -> Exchange:
     """The same request planned again from the client's messages, forced, on `window`.
 
     Everything a stage wrote is reset; what is kept is what does not depend on the plan:
-    the request, its identity and measure (fingerprints and counts), the log fields and
-    the response headers already decided (the retry's stages overwrite theirs).
+    the request, its identity and measure (fingerprints and counts), its record and the
+    response headers already decided (the retry's stages overwrite theirs).
     """
     fresh = dataclasses.replace(
         ex,
@@ -145,8 +145,7 @@ def retry_exchange(ex: Exchange, window: int) -> Exchange:
     for key in ("x-recap-compaction", "x-recap-tokens-before", "x-recap-tokens-after"):
         fresh.response_headers.pop(key, None)
     fresh.response_headers[RETRY_HEADER] = "1"
-    for key in ("input_tokens", "tokens_before"):
-        fresh.log_fields.pop(key, None)
+    fresh.record.input_tokens = fresh.record.tokens_before = None
     return fresh
 
 

@@ -14,22 +14,16 @@ from collections.abc import AsyncIterator
 import httpx
 
 from proxy.config import Upstream
-from proxy.edge.record import log_fields
 from proxy.edge.relay import (
-    ClientDisconnected,
     Receive,
     Responder,
-    Scope,
-    Send,
     body_chunks,
     check_declared,
     content_length,
-    header_map,
     until_disconnect,
 )
-from proxy.errors import RecapError
+from proxy.edge.route import Call, Route
 from proxy.history.identity import resolve_tenant
-from proxy.state import AppState
 from proxy.upstream.client import (
     UpstreamClient,
     mapped_errors,
@@ -39,45 +33,35 @@ from proxy.upstream.client import (
 )
 
 
-class Passthrough:
-    """ASGI app; the app's long-lived state comes from lifespan state in the scope."""
+class Passthrough(Route):
+    """Forward the request as it came; its answer back as it comes."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state: AppState = scope["state"]["recap"]
-        start = time.perf_counter()
-        fields = log_fields(scope)
-        responder = Responder(send, [])
-        headers = header_map(scope)
+    async def handle(self, call: Call) -> None:
+        state, scope, headers = call.state, call.scope, call.headers
         limit = state.config.max_body_bytes
-        try:
-            tenant = resolve_tenant(state.config, headers)
-            fields["tenant"] = tenant.name
-            declared = content_length(scope)
-            check_declared(declared, limit)
-            has_body = declared is not None or "transfer-encoding" in headers
-            body_done = asyncio.Event()
-            upstream = tenant.upstream
-            client = state.upstreams.client(upstream)
-            out_headers = request_headers(scope["headers"], upstream, keep_encoding=True)
-            if declared is not None:
-                out_headers.append((b"content-length", str(declared).encode()))
-            request = client.build_request(
-                scope["method"],
-                upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
-                headers=out_headers,
-                content=_body(receive, limit, body_done) if has_body else None,
-            )
-            if not has_body:
-                body_done.set()
-            fields["overhead_ms"] = round((time.perf_counter() - start) * 1000, 1)
-            await until_disconnect(
-                receive, self._forward(client, upstream, request, responder), body_done
-            )
-        except RecapError as err:
-            fields["error"] = err.code
-            await responder.error(err)
-        except ClientDisconnected:
-            fields["client_disconnected"] = True
+        tenant = resolve_tenant(state.config, headers)
+        call.record.tenant = tenant.name
+        declared = content_length(scope)
+        check_declared(declared, limit)
+        has_body = declared is not None or "transfer-encoding" in headers
+        body_done = asyncio.Event()
+        upstream = tenant.upstream
+        client = state.upstreams.client(upstream)
+        out_headers = request_headers(scope["headers"], upstream, keep_encoding=True)
+        if declared is not None:
+            out_headers.append((b"content-length", str(declared).encode()))
+        request = client.build_request(
+            scope["method"],
+            upstream_url(upstream, scope["path"], scope.get("query_string", b"")),
+            headers=out_headers,
+            content=_body(call.receive, limit, body_done) if has_body else None,
+        )
+        if not has_body:
+            body_done.set()
+        call.record.overhead_ms = round((time.perf_counter() - call.start) * 1000, 1)
+        await until_disconnect(
+            call.receive, self._forward(client, upstream, request, call.responder), body_done
+        )
 
     async def _forward(
         self,

@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from proxy.errors import PayloadTooLarge, RecapError, error_json, sse_error_event
+from proxy.errors import OPENAI_ERRORS, ErrorShape, PayloadTooLarge, RecapError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -121,12 +121,18 @@ class Responder:
     """Sends one response, possibly starting it early as an SSE stream.
 
     `started` tells whether the status line is out: after that, errors can only
-    be reported in-band (a final `data: {"error": ...}` event).
+    be reported in-band (a final event: `errors.event`, in the route's API's shape).
     """
 
-    def __init__(self, send: Send, base_headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(
+        self,
+        send: Send,
+        base_headers: list[tuple[bytes, bytes]],
+        errors: ErrorShape = OPENAI_ERRORS,
+    ) -> None:
         self._send = send
         self._base = base_headers
+        self.errors = errors
         self.started = False
         self.status = 0
         self.sse = False
@@ -156,12 +162,12 @@ class Responder:
     async def error(self, err: RecapError, extra: list[tuple[bytes, bytes]] | None = None) -> None:
         if self.started:
             if self.sse:
-                await self.chunk(sse_error_event(err))
+                await self.chunk(self.errors.event(err))
             await self.end()
             return
         headers = [(b"content-type", b"application/json")] + (extra or [])
         await self.start(err.status, headers)
-        await self.end(error_json(err))
+        await self.end(self.errors.body(err))
 
     async def json(self, status: int, body: Any) -> None:
         await self.start(status, [(b"content-type", b"application/json")])

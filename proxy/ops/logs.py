@@ -1,6 +1,6 @@
 """Logging: one line per request on stderr, JSON or text.
 
-The request's fields are gathered on the HTTP side (`proxy/edge/record.py`, pure ASGI:
+The request's record is gathered on the HTTP side (`proxy/record.py`, pure ASGI:
 Starlette's BaseHTTPMiddleware would hide client disconnects from the handlers) and
 written to `recap.access` by the front; this module formats them. JSON lines carry ISO-8601
 timestamps and leave out fields without a value; text lines are rendered by

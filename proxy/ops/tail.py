@@ -1,7 +1,7 @@
 """`recap tail`: Recap's JSON log lines, one readable line per request.
 
 At the reading end of the log: the server writes one JSON line per request (`logs.py`, from
-the fields of `proxy/edge/record.py`); `recap tail FILE` (or a pipe from any log shipper)
+the request record of `proxy/record.py`); `recap tail FILE` (or a pipe from any log shipper)
 prints each as one short line, with one indented line per compaction under it, and the
 server's own text format on a terminal uses the same `render`. Lines give the local time
 only; a line of its own gives the date and the zone first and whenever they change
@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from proxy.ops.ansi import Style
 from proxy.ops.tail_fields import NOTABLE_SKIPS, WORDS, F, words
+from proxy.planning.outcome import Layer
 
 PLAIN = Style()
 INDENT = " " * 9 + "\u21b3 "  # under the time column
@@ -31,6 +32,8 @@ WHERE_WIDTH = 30
 MODEL_WIDTH = 14
 TOKENS_WIDTH = 22
 LAYERS_WIDTH = 12
+# A layer's name where the line is short.
+SHORT: dict[str, str] = {Layer.FIT: "fit"}
 
 
 def local_time(value: Any) -> datetime | None:
@@ -140,13 +143,13 @@ def layers(f: Mapping[str, Any]) -> list[str]:
         return [x for x in named.split(",") if x]
     out = []
     if f.get(F.session_trigger) and not f.get(F.session_failure) and f.get(F.session_messages):
-        out.append("session")
+        out.append(Layer.SESSION)
     if f.get(F.loop_trigger) and not f.get(F.loop_failure):
-        out.append("loop")
+        out.append(Layer.LOOP)
     if f.get(F.trimmed_results) or f.get(F.shortened_messages):
-        out.append("trim")
+        out.append(Layer.TRIM)
     if f.get(F.dropped_messages):
-        out.append("fit_to_window")
+        out.append(Layer.FIT)
     return out
 
 
@@ -159,22 +162,22 @@ def _shaped_by(f: Mapping[str, Any], ran: list[str]) -> str:
     memory = bool(f.get(F.loop_rounds_in_memory))
     found = outcomes(f)
     if found is not None:
-        session = [c.get(F.c_version) for c in found if c.get(F.c_layer) == "session"]
+        session = [c.get(F.c_version) for c in found if c.get(F.c_layer) == Layer.SESSION]
         version = next((v for v in session if v is not None), version)
         failed = any(c.get(F.c_action) == "failed" for c in found)
         # A stored summary applied, none made: shown as reused, not as new work.
         made = {str(c.get(F.c_layer)) for c in found if c.get(F.c_action) == "compacted"}
-        memory = "loop" in ran and "loop" not in made
-        ran = [x for x in ran if x in made or x not in ("session", "loop")]
-    if "session" in ran:
+        memory = Layer.LOOP in ran and Layer.LOOP not in made
+        ran = [x for x in ran if x in made or x not in (Layer.SESSION, Layer.LOOP)]
+    if Layer.SESSION in ran:
         parts.append(f"session v{version}" if version is not None else "session")
     elif version is not None:
         parts.append(f"summary v{version}")
-    if "loop" in ran:
+    if Layer.LOOP in ran:
         parts.append("loop")
     elif memory:
         parts.append("loop memory")
-    parts += [{"fit_to_window": "fit"}.get(x, x) for x in ran if x not in ("session", "loop")]
+    parts += [SHORT.get(x, x) for x in ran if x not in (Layer.SESSION, Layer.LOOP)]
     if failed:
         parts.append("FAILED")
     return "+".join(parts)
@@ -211,9 +214,10 @@ def request_line(f: Mapping[str, Any], style: Style = PLAIN) -> str:
     where = tenant if conversation is None else f"{tenant}/{conversation}"
     cells = [style.dim(clock(f.get(F.ts))), code, f"{_clip(where, WHERE_WIDTH):<{WHERE_WIDTH}}"]
     path = str(f.get(F.path) or "")
-    if f.get(F.model) is not None:
-        cells.append(f"{_clip(str(f.get(F.model)), MODEL_WIDTH):<{MODEL_WIDTH}}")
-    else:  # off the chat routes, or refused before a model was read (a 401, a 413)
+    if f.get(F.model) is not None or F.classification in f or F.passthrough in f:
+        # A compacting route's request (it named a model, or was classified or passed on)
+        cells.append(f"{_clip(str(f.get(F.model) or '-'), MODEL_WIDTH):<{MODEL_WIDTH}}")
+    else:
         cells.append(_clip(f"{f.get(F.method) or ''} {path}".strip(), 48))
     change = _change(f.get(F.tokens_before), f.get(F.tokens_after))
     if change:
@@ -240,7 +244,7 @@ def _layer_tokens(f: Mapping[str, Any], layer: str, before: str, after: str) -> 
     if f.get(before) is not None:
         return _change(f.get(before), f.get(after))
     # A stored session summary also changes the history a loop compaction works on.
-    alone = layers(f) == [layer] and (layer == "session" or f.get(F.summary_version) is None)
+    alone = layers(f) == [layer] and (layer == Layer.SESSION or f.get(F.summary_version) is None)
     return _change(f.get(F.tokens_before), f.get(F.tokens_after)) if alone else ""
 
 
@@ -337,7 +341,7 @@ def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[
     trigger = WORDS.get(str(code), words(code)) if code else None  # single-word codes too
     tokens = _change(c.get(F.c_before), c.get(F.c_after)) if c.get(F.c_before) is not None else ""
     ms = _ms(c.get(F.c_ms))
-    name = {"fit_to_window": "fit"}.get(layer, layer)
+    name = SHORT.get(layer, layer)
     if action == "failed":
         head = f"FAILED ({trigger})" if trigger else "FAILED"
         return name, [head, words(c.get(F.c_failure) or ""), ms, "sent as it came"], True
@@ -351,7 +355,7 @@ def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[
     if action != "compacted":
         return None
     count, covers = _num(c.get(F.c_count)), _num(c.get(F.c_covers))
-    if layer == "session":
+    if layer == Layer.SESSION:
         batches = _num(f.get(F.session_batches))
         version = c.get(F.c_version)
         what = (
@@ -360,14 +364,14 @@ def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[
             + (f" \u2192 summary v{version}" if version is not None else "")
         )
         return name, [what, tokens, ms], False
-    if layer == "loop":
+    if layer == Layer.LOOP:
         what = (
             f"{trigger}: "
             + (f"{int(count)} tool rounds folded" if count is not None else "")
             + (f" ({int(covers)} in working memory)" if covers is not None else "")
         )
         return name, [what, tokens, ms], False
-    if layer == "trim":
+    if layer == Layer.TRIM:
         shortened, saved = _num(c.get(F.c_shortened)), _num(c.get(F.c_saved))
         return (
             name,
@@ -378,7 +382,7 @@ def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[
             ],
             False,
         )
-    if layer == "fit_to_window":
+    if layer == Layer.FIT:
         reason = c.get(F.c_reason)
         what = f"dropped the {_tokens(count)} oldest messages to fit the window"
         return name, [what + (f" ({words(reason)})" if reason else "")], False

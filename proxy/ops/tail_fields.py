@@ -1,8 +1,9 @@
 """The log line's vocabulary as `recap tail` reads it: field names and codes in words.
 
-Beside `tail.py`: the server writes these fields (`proxy/edge/record.py`, the stages' typed outcomes
-rendered by `planning/outcome.py`); keeping their names in one table means a renamed
-field is one edit, and `words` turns the codes a reader meets into plain language.
+Beside `tail.py`: the server writes these fields (`proxy/record.py`, with the stages'
+typed outcomes rendered by `planning/outcome.py`); keeping their names in one table
+means a renamed field is one edit, and `words` turns the codes a reader meets into plain
+language.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class F:
     tenant = "tenant"
     conversation = "conversation"
     model = "model"
+    classification = "classification"  # turn_start, tool_continuation, other (compacting routes)
     tokens_after = "input_tokens"  # what was sent upstream
     tokens_before = "tokens_before"  # what the client sent (only when Recap changed it)
     layers = "layers"  # the layers that ran, when the log names them (else inferred)

@@ -13,9 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
-Layer = Literal["session", "loop", "trim", "fit_to_window"]
+
+class Layer(StrEnum):
+    """The compaction layers: the one vocabulary the planners, stages, store, audit, log,
+    tail, metrics and page read (a StrEnum: its values are what the store and the log
+    hold, and a member equals its value)."""
+
+    SESSION = "session"  # the session's rolling summary
+    LOOP = "loop"  # a tool loop's working memory
+    TRIM = "trim"  # old tool results as placeholders, no model call
+    FIT = "fit_to_window"  # the last resort: the oldest raw messages dropped
+    MANUAL = "manual"  # a compaction an operator asked for (audited as such)
+    REMOTE = "remote"  # Codex remote compaction answered by Recap
+
+
 Action = Literal["compacted", "applied", "skipped", "failed"]
 
 # Skip reasons in words, for users (x-recap-compaction-skipped, the manual route).
@@ -122,7 +136,7 @@ def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:
     retries = sum(o.length_retries for o in outcomes)
     salvaged = sum(o.salvaged for o in outcomes)
     for o in outcomes:
-        if o.layer == "session":
+        if o.layer == Layer.SESSION:
             if o.action in ("compacted", "failed"):
                 out.update(
                     session_trigger=o.trigger,
@@ -138,7 +152,7 @@ def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:
                 out.update(summary_version=o.version, summary_covers=o.covers)
             if o.extra.get("reused"):
                 out["session_reused"] = True
-        elif o.layer == "loop":
+        elif o.layer == Layer.LOOP:
             if o.action in ("compacted", "failed"):
                 out.update(loop_trigger=o.trigger, loop_compaction_ms=o.duration_ms)
                 if o.action == "compacted":
@@ -151,11 +165,11 @@ def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:
                 out["loop_rounds_summarised"] = o.covers
             if "tool_rounds" in o.extra:
                 out["tool_rounds"] = o.extra["tool_rounds"]
-        elif o.layer == "trim" and o.action == "compacted":
+        elif o.layer == Layer.TRIM and o.action == "compacted":
             out.update(trimmed_results=o.count, trimmed_chars_saved=o.saved_chars)
             if o.extra.get("shortened"):
                 out["shortened_messages"] = o.extra["shortened"]
-        elif o.layer == "fit_to_window" and o.action == "compacted":
+        elif o.layer == Layer.FIT and o.action == "compacted":
             out.update(dropped_messages=o.count, dropped_reason=o.extra.get("reason"))
     if tokens_in or tokens_out:
         out.update(summarizer_tokens_in=tokens_in, summarizer_tokens_out=tokens_out)

@@ -18,11 +18,11 @@ from proxy.store.base import CompactionRecord, ConversationRef, EventType, Store
 log = logging.getLogger("recap.audit")
 
 
-EVENT_OF_LAYER: dict[str, EventType] = {
-    "session": "session_compact",
-    "loop": "loop_compact",
-    "manual": "manual_compact",
-    "trim": "trim",
+EVENT_OF_LAYER: dict[Layer, EventType] = {
+    Layer.SESSION: "session_compact",
+    Layer.LOOP: "loop_compact",
+    Layer.MANUAL: "manual_compact",
+    Layer.TRIM: "trim",
 }
 
 

@@ -78,7 +78,7 @@ def calibrate(state: _HasCalibration, ex: Exchange, answer: Mapping[str, Any]) -
     """Learn from a successful answer's usage (prompt or input tokens) against the
     forwarded estimate."""
     usage = answer.get("usage")
-    estimate = ex.log_fields.get("input_tokens")
+    estimate = ex.record.input_tokens
     if answer.get("status") != 200 or not isinstance(usage, Mapping):
         return
     # Chat's `prompt_tokens`; the Responses API's (and Anthropic's) `input_tokens`.

@@ -7,8 +7,7 @@ list by `app.build_stages`.
 from __future__ import annotations
 
 from proxy.pipeline import Exchange
-from proxy.planning.outcome import in_words
-from proxy.planning.outcome import log_fields as outcome_fields
+from proxy.planning.outcome import Layer, in_words
 
 
 class EstimateTokens:
@@ -17,9 +16,9 @@ class EstimateTokens:
     name = "estimate_tokens"
 
     async def __call__(self, exchange: Exchange) -> None:
-        # The log line's compaction fields, from what the layers recorded.
-        exchange.log_fields.update(outcome_fields(exchange.outcomes))
-        session = exchange.outcome("session")
+        # The record reports what the layers did (the log line's compaction fields).
+        exchange.record.outcomes = exchange.outcomes
+        session = exchange.outcome(Layer.SESSION)
         if exchange.control == "force" and (session is None or session.action != "compacted"):
             # Forced, yet nothing folded: say why, in words.
             reason = (session.failure or session.skip_reason) if session else "disabled"
@@ -34,8 +33,8 @@ class EstimateTokens:
             # The headers need both counts now; otherwise the count is made for the
             # log after the response (`Exchange.count_for_log`), off the latency path.
             tokens = exchange.measure.total(exchange.messages)
-            exchange.log_fields["input_tokens"] = tokens
+            exchange.record.input_tokens = tokens
             before = exchange.measure.total(exchange.original)
-            exchange.log_fields["tokens_before"] = before
+            exchange.record.tokens_before = before
             exchange.response_headers["x-recap-tokens-before"] = str(before)
             exchange.response_headers["x-recap-tokens-after"] = str(tokens)

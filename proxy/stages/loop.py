@@ -36,7 +36,7 @@ from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
-from proxy.planning.outcome import CompactionOutcome, retry_detail
+from proxy.planning.outcome import CompactionOutcome, Layer, retry_detail
 from proxy.planning.transcript import (
     content_text,
     detect_language,
@@ -101,7 +101,9 @@ class LoopStage:
             return plan_loop(messages, state, policy, count, ex.context_window, budget)
 
         plan = replan(state)
-        outcome = CompactionOutcome("loop", "skipped", plan.trigger, plan.skip_reason, extra=rounds)
+        outcome = CompactionOutcome(
+            Layer.LOOP, "skipped", plan.trigger, plan.skip_reason, extra=rounds
+        )
         if plan.compact_rounds is not None and not await ex.ensure_archived():
             outcome = dataclasses.replace(outcome, skip_reason="archive_failed")
         elif plan.compact_rounds is not None:
@@ -127,7 +129,7 @@ class LoopStage:
                     # A stored working summary applied: that is this layer's work too.
                     outcome = dataclasses.replace(outcome, action="applied")
                 outcome = dataclasses.replace(outcome, covers=state.covered_rounds)
-        ex.record(outcome)
+        ex.report(outcome)
 
     @staticmethod
     def _quiet(messages: list[Message], policy: LoopCompaction, ex: Exchange) -> bool:
@@ -189,14 +191,14 @@ class LoopStage:
         """Summarise the due rounds into the working summary, store it, report."""
         assert plan.compact_rounds is not None
         start = time.perf_counter()
-        log_started(log, ex, "loop", plan.trigger)
+        log_started(log, ex, Layer.LOOP, plan.trigger)
         await ex.notify("recap compacting")
         before = sum(ex.measure.tokens(m) for m in ex.messages)
         try:
             result = await self._summarize(ex, policy, plan, state)
         except SummarizerFailed as exc:
             failed = CompactionOutcome(
-                "loop",
+                Layer.LOOP,
                 "failed",
                 plan.trigger,
                 failure=exc.reason,
@@ -277,6 +279,7 @@ class LoopStage:
                 model=ex.model,
                 authorization=ex.headers.get("authorization"),
                 max_chars=session.max_summary_chars,
+                call=ex.dialect.summary_call,
                 replaced=[
                     *([{"role": "assistant", "content": state.summary}] if state else []),
                     *folded,
@@ -335,7 +338,7 @@ class LoopStage:
             - (measure.text(old.summary) if old else 0)
         )
         return CompactionOutcome(
-            "loop",
+            Layer.LOOP,
             "compacted",
             plan.trigger,
             tokens_before=before,
@@ -373,7 +376,7 @@ class LoopStage:
             self.store,
             ex.conversation,
             CompactionRecord(
-                layer="loop",
+                layer=Layer.LOOP,
                 reason=str(plan.trigger),
                 outcome="failed" if outcome.failure else "ok",
                 detail=retry_detail(outcome.failure, outcome.length_retries, outcome.salvaged),

@@ -19,7 +19,7 @@ from proxy.errors import CompactionFailed, Conflict, NotFound
 from proxy.history.measure import Measure
 from proxy.history.messages import classify
 from proxy.pipeline import Exchange
-from proxy.planning.outcome import in_words
+from proxy.planning.outcome import Layer, in_words
 from proxy.stages.session import SessionStage
 from proxy.store.base import ConversationRef, Store
 
@@ -77,7 +77,7 @@ async def compact_now(
         archive_now=_already_archived,
     )
     await stage(ex)
-    outcome = ex.outcome("session")
+    outcome = ex.outcome(Layer.SESSION)
     if outcome is not None and outcome.action == "failed":
         raise CompactionFailed(f"Compaction failed: {outcome.failure or 'unknown'}.")
     if outcome is None or outcome.action != "compacted":

@@ -24,12 +24,13 @@ from typing import Any
 
 from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
+from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import BadRequest, CompactionFailed, Conflict
 from proxy.history.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
 from proxy.history.tokens import TokenCounter
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
-from proxy.planning.outcome import retry_detail
+from proxy.planning.outcome import Layer, retry_detail
 from proxy.planning.reference import BadReference, Reference, issue, verify
 from proxy.planning.remote import Usage, compaction_item, is_compaction, summary_item
 from proxy.planning.transcript import detect_language, render_transcript, render_within
@@ -224,6 +225,9 @@ class RemoteCompactor:
                         if summary
                         else span,
                         max_tokens=limits.max_tokens,
+                        # Codex's own API is the Responses API; its summary is asked for
+                        # as every Responses request's is.
+                        call=ResponsesDialect.summary_call,
                     )
                 except SummarizerFailed as exc:
                     detail = retry_detail(exc.reason, int(exc.retried), 0)
@@ -294,7 +298,7 @@ class RemoteCompactor:
             self.store,
             conv,
             CompactionRecord(
-                layer="session",
+                layer=Layer.SESSION,
                 reason="remote",
                 outcome="ok" if outcome == "ok" else "failed",
                 detail=detail,

@@ -5,7 +5,7 @@ Sits beside the summarizer in the data path: at start-up the app builds a
 first compaction); at compaction time the summarizer calls `render` with the
 transcript and friends and sends the resulting (system, user) pair upstream.
 
-The default scenes ship inside the package (`proxy/scenes_default/<kind>.yaml`,
+The default scenes ship inside the package (`scenes/<kind>.yaml`, as `proxy.scenes_default`,
 package data), so a wheel installed anywhere starts with a config in any directory;
 a config's `scenes_dir` replaces them, a tenant's `scenes` replaces one kind.
 
@@ -224,7 +224,7 @@ def _check_string(data: Mapping[str, Any], key: str, where: str, *, empty_ok: bo
 
 def packaged_scenes() -> Traversable:
     """The directory of default scenes inside the installed package."""
-    return files("proxy") / "scenes_default"
+    return files("proxy.scenes_default")
 
 
 def load_scene(path: str | Path | Traversable, kind: str) -> Scene:

@@ -32,7 +32,7 @@ from proxy.pipeline import Exchange
 from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Seen
-from proxy.planning.outcome import CompactionOutcome, retry_detail
+from proxy.planning.outcome import CompactionOutcome, Layer, retry_detail
 from proxy.planning.session import (
     AppliedSummary,
     SessionPlan,
@@ -103,7 +103,7 @@ class SessionStage:
         pinned, body = ex.split
         if len(body) < 2:
             if forced:
-                ex.record(CompactionOutcome("session", "skipped", "forced", "too_short"))
+                ex.report(CompactionOutcome(Layer.SESSION, "skipped", "forced", "too_short"))
             return
         applied = as_applied(
             await self.store.matching_summary(ex.conversation, ex.chain), len(body)
@@ -118,10 +118,10 @@ class SessionStage:
                 bound = ex.measure.at_most(ex.original)
                 quiet = quiet_reason(body, policy, ex.context_window, bound, ex.room)
             if breaker.open(ex.conversation):
-                outcome = CompactionOutcome("session", "skipped", skip_reason="circuit_open")
+                outcome = CompactionOutcome(Layer.SESSION, "skipped", skip_reason="circuit_open")
             elif quiet is not None:
                 # Far below the triggers: nothing counted or hashed before it is forwarded.
-                outcome = CompactionOutcome("session", "skipped", skip_reason=quiet)
+                outcome = CompactionOutcome(Layer.SESSION, "skipped", skip_reason=quiet)
             else:
                 applied, outcome = await self._maybe_compact(
                     ex, policy, pinned, body, applied, breaker
@@ -135,7 +135,7 @@ class SessionStage:
             # Applying a stored summary shortens the view: that is this layer's work too.
             if outcome is None or outcome.action == "skipped":
                 outcome = CompactionOutcome(
-                    "session",
+                    Layer.SESSION,
                     "applied",
                     trigger=outcome.trigger if outcome else None,
                     skip_reason=outcome.skip_reason if outcome else None,
@@ -148,7 +148,7 @@ class SessionStage:
             ex.messages = session_view(pinned, body, applied.covered, message)
             ex.summary_index = len(pinned)
         if outcome is not None:
-            ex.record(outcome)
+            ex.report(outcome)
 
     def _plan(
         self,
@@ -238,7 +238,7 @@ class SessionStage:
                 if not plan.compacts:
                     return applied, _skipped(plan, plan.skip_reason, reused=True)
             start = time.perf_counter()
-            log_started(log, ex, "session", _reason(ex, plan))
+            log_started(log, ex, Layer.SESSION, _reason(ex, plan))
             await ex.notify("recap compacting")
             run = await self._summarize(ex, policy, body, chain, plan)
             duration_ms = int((time.perf_counter() - start) * 1000)
@@ -302,6 +302,7 @@ class SessionStage:
                             *([Seen(current)] if current else []),
                         ],
                         max_tokens=limits.max_tokens,
+                        call=ex.dialect.summary_call,
                     )
                 )
             except SummarizerFailed as exc:
@@ -333,7 +334,7 @@ class SessionStage:
         if run.applied is not None and progressed:
             after = plan.tokens_before - self._saved(ex, body, plan, run.applied)
         return CompactionOutcome(
-            "session",
+            Layer.SESSION,
             "failed" if run.failure else "compacted" if progressed else "skipped",
             trigger=plan.trigger,
             failure=run.failure or None,
@@ -367,7 +368,7 @@ class SessionStage:
             self.store,
             ex.conversation,
             CompactionRecord(
-                layer="manual" if ex.control == "force" else "session",
+                layer=Layer.MANUAL if ex.control == "force" else Layer.SESSION,
                 reason=_reason(ex, plan),
                 outcome="failed" if run.failure else "ok",
                 detail=retry_detail(run.failure, run.retries, run.salvaged),
@@ -425,7 +426,7 @@ class _Run:
 
 def _skipped(plan: SessionPlan, reason: str | None, reused: bool = False) -> CompactionOutcome:
     return CompactionOutcome(
-        "session",
+        Layer.SESSION,
         "skipped",
         trigger=plan.trigger,
         skip_reason=reason,

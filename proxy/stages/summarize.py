@@ -1,7 +1,8 @@
 """The summarizer step: scene -> one non-streamed model call -> a checked summary text.
 
 IO edge of compaction (httpx through the shared upstream pool). The caller gives
-the rendered values; this module sends them to the tenant's upstream (or its
+the rendered values and the API to ask in (`SummaryCall`: the request's dialect's, Chat
+Completions by default); this module sends them to the tenant's upstream (or its
 `summarizer.upstream`), bounded per tenant by `summarizer.max_concurrency`, and
 returns a `SummaryResult` or raises `SummarizerFailed` with a short reason
 (never the text). The `Breaker` keeps a conversation whose summaries keep failing
@@ -28,6 +29,8 @@ from typing import Any
 import httpx
 
 from proxy.config import Tenant
+from proxy.dialects.base import SummaryCall
+from proxy.dialects.chat import CHAT_SUMMARY
 from proxy.errors import RecapError
 from proxy.history.messages import json_bytes
 from proxy.planning.budget import TranscriptBudget, summary_max_tokens, summary_tokens
@@ -107,16 +110,18 @@ class Summarizer:
         max_chars: int,
         replaced: Sequence[Any] = (),
         max_tokens: int | None = None,
+        call: SummaryCall = CHAT_SUMMARY,
     ) -> SummaryResult:
         """One summary (one call, two after a length cut); `replaced` are the messages the
-        summary stands for (guarded); `max_tokens` overrides the scene's."""
+        summary stands for (guarded); `max_tokens` overrides the scene's; `call` is the
+        API to ask in."""
         chosen = scene.model or model
         if not chosen:
             raise SummarizerFailed("no model for the summarizer call")
         limit = max_tokens if max_tokens is not None else scene.max_tokens
 
         async def ask(retry: bool, asked: Mapping[str, str | int]) -> _Answer:
-            return await self._call(tenant, scene, asked, chosen, authorization, limit, retry)
+            return await self._call(tenant, scene, asked, chosen, authorization, limit, retry, call)
 
         first = await ask(False, values)
         answer, problem = first, check_summary(first.text, first.finish, max_chars)
@@ -166,23 +171,21 @@ class Summarizer:
         authorization: str | None,
         max_tokens: int | None,
         length_retry: bool,
+        call: SummaryCall,
     ) -> _Answer:
         system, user = render_values(scene, values, length_retry=length_retry)
-        body: dict[str, object] = {
-            "model": chosen,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-            "stream": False,
-        }
+        options: dict[str, object] = {}
         for key in ("temperature", "top_p"):
             value = getattr(scene, key)
             if value is not None:
-                body[key] = value
+                options[key] = value
         if max_tokens is not None:
-            body["max_tokens"] = max_tokens
+            options["max_tokens"] = max_tokens
+        body = call.request(chosen, system, user, options)
         upstream = tenant.summarizer.upstream or tenant.upstream
         headers = {"content-type": "application/json", PURPOSE_HEADER: "summarize"}
         if upstream.api_key:
-            headers["authorization"] = f"Bearer {upstream.api_key}"
+            headers.update(call.credentials(upstream.api_key))
         elif authorization:
             headers["authorization"] = authorization
         timeout = httpx.Timeout(tenant.summarizer.timeout_s, connect=upstream.connect_timeout_s)
@@ -193,7 +196,7 @@ class Summarizer:
                 with mapped_errors(upstream):
                     request = client.build_request(
                         "POST",
-                        upstream_url(upstream, "/v1/chat/completions", b""),
+                        upstream_url(upstream, call.path, b""),
                         content=json_bytes(body),
                         # latin-1: the client's Authorization is forwarded byte for byte.
                         headers=httpx.Headers(headers, encoding="latin-1"),
@@ -212,21 +215,15 @@ class Summarizer:
         if response.status_code != 200:
             raise SummarizerFailed(f"upstream status {response.status_code}")
         try:
-            data = response.json()
-            choice = data["choices"][0]
-            raw_text = choice["message"].get("content")
-            finish = choice.get("finish_reason")
-            usage = data.get("usage") or {}
-            input_tokens = int(usage.get("prompt_tokens") or 0)
-            output_tokens = int(usage.get("completion_tokens") or 0)
+            read = call.answer(response.json())
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise SummarizerFailed("malformed upstream response") from None
         return _Answer(
-            text=extract_summary(raw_text if isinstance(raw_text, str) else None),
-            finish=finish if isinstance(finish, str) else None,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            model=str(data.get("model") or chosen),
+            text=extract_summary(read.text),
+            finish=read.finish,
+            input_tokens=read.input_tokens,
+            output_tokens=read.output_tokens,
+            model=read.model or chosen,
             duration_ms=duration_ms,
         )
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Literal
 
 from proxy.history.conversation import turn_starts
 from proxy.history.messages import Message, fingerprint
 from proxy.pipeline import Exchange
 from proxy.planning.fidelity import plan_fidelity
-from proxy.planning.outcome import CompactionOutcome
+from proxy.planning.outcome import CompactionOutcome, Layer
 from proxy.planning.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
 from proxy.stages.audit import audit
 from proxy.store.base import CompactionRecord, Store
@@ -61,10 +60,12 @@ class TrimStage:
         ex.messages = apply_trim(messages, TrimPlan(replacements))
         before = sum(_chars(messages[i]) for i in replacements)
         after = sum(_chars(m) for m in replacements.values())
-        await _audit(self.store, ex, "trim", "trim_trigger_ratio", "", messages, (before, after))
-        ex.record(
+        await _audit(
+            self.store, ex, Layer.TRIM, "trim_trigger_ratio", "", messages, (before, after)
+        )
+        ex.report(
             CompactionOutcome(
-                "trim",
+                Layer.TRIM,
                 "compacted",
                 "trim_trigger_ratio",
                 count=plan.trimmed,
@@ -103,12 +104,10 @@ class FitToWindow:
         reason = drop_reason(ex)
         kept = {id(m) for m in messages}
         gone = sum(_chars(m) for m in ex.messages if id(m) not in kept)
-        await _audit(
-            self.store, ex, "fit_to_window", reason, DROP_REASONS[reason], messages, (gone, 0)
-        )
+        await _audit(self.store, ex, Layer.FIT, reason, DROP_REASONS[reason], messages, (gone, 0))
         ex.messages = messages
-        ex.record(
-            CompactionOutcome("fit_to_window", "compacted", count=dropped, extra={"reason": reason})
+        ex.report(
+            CompactionOutcome(Layer.FIT, "compacted", count=dropped, extra={"reason": reason})
         )
         ex.response_headers["x-recap-dropped-messages"] = str(dropped)
         ex.response_headers["x-recap-dropped-reason"] = DROP_REASONS[reason]
@@ -144,7 +143,7 @@ def _chars(message: Message) -> int:
 async def _audit(
     store: Store,
     ex: Exchange,
-    layer: Literal["trim", "fit_to_window"],
+    layer: Layer,
     reason: str,
     detail: str,
     after: list[Message],

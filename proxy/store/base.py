@@ -19,8 +19,8 @@ from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
 
 from proxy.history.conversation_ref import ConversationRef as ConversationRef
+from proxy.planning.outcome import Layer as Layer
 
-Layer = Literal["session", "loop", "trim", "fit_to_window", "manual"]
 Outcome = Literal["ok", "failed", "skipped"]
 EventType = Literal[
     "request",

@@ -16,8 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 
 from proxy.store.base import translating
-from proxy.store.migrations import SchemaTooNew
-from proxy.store.pg_migrations import NoSchema
+from proxy.store.migrations import NoSchema, SchemaTooNew
 from proxy.store.rows import storable_json
 
 # Dead peers are noticed by the server within about a minute, so their locks go with them.

@@ -19,8 +19,8 @@ from typing import Any
 import asyncpg
 
 from proxy.store.base import ConversationRef, KeyedLocks
+from proxy.store.migrations import advisory_key
 from proxy.store.pg_boundary import reason, translated
-from proxy.store.pg_migrations import advisory_key
 
 log = logging.getLogger("recap.store")
 

@@ -39,9 +39,9 @@ from typing import Any, TypeVar
 import asyncpg
 
 from proxy.store.base import ConversationRef, StoreError
+from proxy.store.migrations import migrate_postgres
 from proxy.store.pg_boundary import clean_text, redact, server_settings, translated
 from proxy.store.pg_lock import AdvisoryLocks
-from proxy.store.pg_migrations import migrate
 from proxy.store.rows import Tx, numbered
 from proxy.store.sql import SqlStore
 
@@ -161,7 +161,7 @@ class PostgresStore(SqlStore):
             )
             try:
                 async with pool.acquire(timeout=self._timeout_s) as conn:
-                    self._schema, _ = await migrate(conn, self._clock())
+                    self._schema, _ = await migrate_postgres(conn, self._clock())
                 # No command timeout here: waiting for a lock may take a whole compaction.
                 lock_pool = await asyncpg.create_pool(
                     self._url,

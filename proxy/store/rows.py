@@ -82,7 +82,7 @@ def summary(row: Sequence[Any]) -> SummaryVersion:
 
 def compaction(row: Sequence[Any]) -> CompactionRecord:
     layer, reason, outcome, *rest = row
-    return CompactionRecord(cast(Layer, layer), reason, cast(Outcome, outcome), *rest)
+    return CompactionRecord(Layer(layer), reason, cast(Outcome, outcome), *rest)
 
 
 def conversation(row: Sequence[Any]) -> ConversationInfo:

@@ -14,8 +14,8 @@ The SQLite store answers them under its mutex and fault gate (chunked IN lists,
 executemany); the PostgreSQL store on a pooled connection after `numbered()` turned
 the marks into `$1, $2, ...` (`= ANY` arrays, unnest), retrying a transaction the
 server rolled back. Column lists are the record types' field names, so records and
-tables cannot drift apart (`tests/store/test_schema.py` checks that the two schema
-definitions give the same tables and columns).
+tables cannot drift apart; the tables are the same on both databases, made by one
+migration history (`schema.py`; `tests/store/test_schema.py` checks it).
 
 What is a backend's own stays there: SQLite its mutex, fault gate, file checks and
 summary cache; PostgreSQL its pools, advisory locks and bulk statements; each its

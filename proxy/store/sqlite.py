@@ -55,7 +55,7 @@ import aiosqlite
 
 from proxy.store.base import ConversationRef, KeyedLocks, StoreError, SummaryVersion
 from proxy.store.cache import SummaryCache
-from proxy.store.migrations import migrate
+from proxy.store.migrations import migrate_sqlite
 from proxy.store.rows import Tx
 from proxy.store.sql import Candidates, SqlStore
 from proxy.store.sqlite_faults import (
@@ -231,7 +231,7 @@ class SqliteStore(SqlStore):
             # In WAL mode NORMAL never corrupts and survives a process crash;
             # only a power loss may drop the last commits.
             await db.execute("PRAGMA synchronous = NORMAL")
-            await migrate(db, self._clock())
+            await migrate_sqlite(db, self._clock())
             if self._path != MEMORY:
                 st = os.stat(self._path)
                 self._file = DatabaseFile(self._path, (st.st_dev, st.st_ino))

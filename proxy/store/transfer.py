@@ -3,7 +3,7 @@
 Off the data path: an operator's tool, used once when moving from the embedded SQLite
 store to PostgreSQL (or back). Both stores are opened through `open_store` first, so
 each has the current schema; then the rows of every table are streamed table by table,
-column for column (the two schemas have the same tables and columns): conversations
+column for column (both schemas come from one history, `schema.py`): conversations
 with their counters and current-version pointer, every summary version, the
 compactions audit, the archived messages and request parameters, the events and the
 loop summaries, ids included, so event ids and archive order survive and the target's id sequences
@@ -27,11 +27,10 @@ import aiosqlite
 
 from proxy.store.base import Store, StoreError
 from proxy.store.pg_boundary import clean_text
-from proxy.store.pg_migrations import IDENTITY_TABLES
 from proxy.store.postgres import PostgresStore
+from proxy.store.schema import columns as schema_columns
+from proxy.store.schema import identity_tables
 from proxy.store.sqlite import MEMORY, SqliteStore
-
-_KEYS = ("tenant", "key")
 
 
 @dataclass(frozen=True)
@@ -41,79 +40,24 @@ class Table:
     order: str  # a total order, so that ids and archive order are written as they were read
 
 
-# Parents first: every row's conversation exists before it.
-TABLES: tuple[Table, ...] = (
-    Table(
-        "conversations",
-        (
-            *_KEYS,
-            "created_at",
-            "updated_at",
-            "current_version",
-            "message_count",
-            "tokens_saved",
-            "compact_count",
-        ),
-        "tenant, key",
-    ),
-    Table(
-        "summary_versions",
-        (
-            *_KEYS,
-            "version",
-            "summary",
-            "covered",
-            "boundary_hash",
-            "compact_count",
-            "input_tokens",
-            "output_tokens",
-            "model",
-            "reason",
-            "created_at",
-            "updated_at",
-            "rolled_back",
-        ),
-        "tenant, key, version",
-    ),
-    Table(
-        "compactions",
-        (
-            "id",
-            *_KEYS,
-            "layer",
-            "reason",
-            "outcome",
-            "detail",
-            "tokens_before",
-            "tokens_after",
-            "chars_before",
-            "chars_after",
-            "model",
-            "duration_ms",
-            "created_at",
-        ),
-        "id",
-    ),
-    Table("messages", ("id", *_KEYS, "fingerprint", "body", "first_seen_at"), "id"),
-    Table("events", ("id", *_KEYS, "type", "payload", "created_at"), "id"),
-    Table("request_params", ("id", *_KEYS, "fingerprint", "body", "first_seen_at"), "id"),
-    Table(
-        "loop_summaries",
-        (
-            *_KEYS,
-            "turn_hash",
-            "covered_rounds",
-            "summary",
-            "input_tokens",
-            "output_tokens",
-            "model",
-            "created_at",
-            "expires_at",
-            "covers_hash",
-        ),
-        "tenant, key, turn_hash, covered_rounds, covers_hash",
-    ),
-    Table("deployment", ("name", "value"), "name"),
+def _copied(*tables: tuple[str, str]) -> tuple[Table, ...]:
+    """(name, order) of each table to copy, with its columns as the schema history leaves them."""
+    columns = schema_columns()
+    return tuple(Table(name, columns[name], order) for name, order in tables)
+
+
+# Parents first: every row's conversation exists before it. Not copied: heartbeat (a probe's
+# row), journal_marks (how far journals are in the source, not the target) and
+# schema_version (the target's own).
+TABLES = _copied(
+    ("conversations", "tenant, key"),
+    ("summary_versions", "tenant, key, version"),
+    ("compactions", "id"),
+    ("messages", "id"),
+    ("events", "id"),
+    ("request_params", "id"),
+    ("loop_summaries", "tenant, key, turn_hash, covered_rounds, covers_hash"),
+    ("deployment", "name"),
 )
 
 _BATCH = 1000
@@ -215,7 +159,7 @@ class _PostgresSink:
 
     async def finish(self) -> None:
         # Copied ids were given explicitly: move each sequence past the largest.
-        for name in IDENTITY_TABLES:
+        for name in identity_tables():
             await self.conn.execute(
                 f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), MAX(id))"
                 f" FROM {name} HAVING MAX(id) IS NOT NULL"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.requests import Request
@@ -27,8 +26,8 @@ from starlette.routing import Route
 
 from proxy.archive.inspection import detail, list_page, parse_version, rollback
 from proxy.edge.operator import Caller, manual_compaction, resolve_caller
-from proxy.edge.record import log_fields
 from proxy.errors import BadRequest, Conflict, NotFound, RecapError, Unauthorized
+from proxy.record import RequestRecord, record_of
 from proxy.state import AppState
 from proxy.store.base import ConversationRef, StoreError
 from proxy.web.auth import (
@@ -70,13 +69,13 @@ class StorePageUnavailable(RecapError):
 
 @dataclass
 class Visit:
-    """One request to the page: the app, who it is, and its access-log fields."""
+    """One request to the page: the app, who it is, and its record (the access line)."""
 
     request: Request
     state: AppState
     sessions: Sessions
     credential: Credential | None
-    fields: dict[str, Any]
+    record: RequestRecord
 
     @property
     def csrf(self) -> str:
@@ -87,7 +86,7 @@ class Visit:
         headers = self.credential.headers() if self.credential else {}
         caller = resolve_caller(self.state.config, headers, named, need_tenant=need_tenant)
         if caller.tenant is not None:
-            self.fields["tenant"] = caller.tenant.name
+            self.record.tenant = caller.tenant.name
         return caller
 
     def who(self, caller: Caller) -> str:
@@ -129,7 +128,7 @@ def _endpoint(sessions: Sessions, handler: Handler) -> Callable[[Request], Await
             request.state.recap,
             sessions,
             presented(sessions, request.headers, request.cookies.get(COOKIE)),
-            log_fields(request.scope),  # type: ignore[arg-type]  # the ASGI scope
+            record_of(request.scope),
         )
         error: RecapError
         await visit.state.archiver.flush()  # every answered request is shown
@@ -143,7 +142,7 @@ def _endpoint(sessions: Sessions, handler: Handler) -> Callable[[Request], Await
             error = err
         except StoreError as exc:
             error = StorePageUnavailable(f"The store is unavailable: {exc}")
-        visit.fields["error"] = error.code
+        visit.record.error = error.code
         if isinstance(error, Unauthorized):
             response = _html(login_page(error.message), error.status)
             response.delete_cookie(COOKIE, path="/recap")
@@ -179,7 +178,7 @@ async def _login(visit: Visit) -> Response:
     form = await visit.form(csrf=False)
     key = form.get("key", "").strip()
     if not key or not visit.sessions.known(key):
-        visit.fields["error"] = "invalid_api_key"
+        visit.record.error = "invalid_api_key"
         return _html(login_page("That is not an operator key of this proxy."), 401)
     response = _redirect(url("/"))
     secure = visit.request.url.scheme == "https" or (
@@ -213,7 +212,7 @@ def _conversation(
         raise BadRequest("Which conversation? (key is missing)", "key")
     caller = visit.caller(tenant or None, need_tenant=True)
     assert caller.tenant is not None  # need_tenant
-    visit.fields["conversation"] = key
+    visit.record.conversation = key
     return caller, ConversationRef(caller.tenant.name, key)
 
 
@@ -251,7 +250,7 @@ async def _compact(visit: Visit) -> Response:
     form = await visit.form()
     caller, conv = _conversation(visit, form.get("tenant"), form.get("key"))
     assert caller.tenant is not None
-    await manual_compaction(visit.state, caller, caller.tenant, conv, visit.fields)
+    await manual_compaction(visit.state, caller, caller.tenant, conv, visit.record)
     return _redirect(conversation_url(conv.tenant, conv.key, notice="compacted"))
 
 
@@ -259,7 +258,7 @@ async def _rollback(visit: Visit) -> Response:
     form = await visit.form()
     _, conv = _conversation(visit, form.get("tenant"), form.get("key"))
     version = parse_version({"version": _int_param(form.get("version"), "version")})
-    request_id = str(visit.fields.get("request_id", ""))
+    request_id = visit.record.request_id
     await rollback(visit.state.store, conv, version, request_id)
     return _redirect(conversation_url(conv.tenant, conv.key, notice="rolled-back"))
 

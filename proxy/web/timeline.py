@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.archive.inspection import archived
+from proxy.planning.outcome import Layer
 from proxy.store.base import ConversationRef, Event, Store
 
 MAX_POINTS = 300
@@ -40,7 +41,7 @@ class RequestPoint:
         """The layers that changed what was sent, naming the summary version ("" if none)."""
         names = [
             f"session (summary v{self.summary_version})"
-            if x == "session" and self.summary_version is not None
+            if x == Layer.SESSION and self.summary_version is not None
             else x
             for x in self.layers
         ]

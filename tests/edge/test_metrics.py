@@ -13,7 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.edge.metrics import compactions_of, route_of
-from proxy.planning.outcome import CompactionOutcome, log_fields
+from proxy.planning.outcome import CompactionOutcome
+from proxy.record import ManualNote, RequestRecord
 from tests.conftest import LogCapture
 from tests.edge.test_operator import agent_loop
 from tests.fakes import FakeUpstream, Reply
@@ -192,18 +193,18 @@ def test_each_app_has_its_own_registry(proxy_factory: Callable[..., str]) -> Non
     )
 
 
-def test_log_fields_to_layers_and_routes() -> None:
-    def fields(*outcomes: CompactionOutcome, **more: Any) -> dict[str, Any]:
-        return {**log_fields(list(outcomes)), **more}
+def test_records_to_layers_and_routes() -> None:
+    def record(*outcomes: CompactionOutcome, manual: ManualNote | None = None) -> RequestRecord:
+        return RequestRecord(outcomes=list(outcomes), manual=manual)
 
-    assert compactions_of({}) == []
-    assert compactions_of(fields(CompactionOutcome("session", "compacted", "context_ratio"))) == [
+    assert compactions_of(RequestRecord()) == []
+    assert compactions_of(record(CompactionOutcome("session", "compacted", "context_ratio"))) == [
         ("session", "ok")
     ]
     forced = CompactionOutcome("session", "failed", "forced", failure="timeout")
-    assert compactions_of(fields(forced)) == [("manual", "failed")]
+    assert compactions_of(record(forced)) == [("manual", "failed")]
     assert compactions_of(
-        fields(
+        record(
             CompactionOutcome("loop", "failed", "tool_rounds", failure="timeout"),
             CompactionOutcome("trim", "compacted", count=2),
             CompactionOutcome("fit_to_window", "compacted", count=3),
@@ -211,16 +212,14 @@ def test_log_fields_to_layers_and_routes() -> None:
     ) == [("loop", "failed"), ("trim", "ok"), ("fit_to_window", "ok")]
     # Applying a stored summary or skipping is no compaction attempt.
     assert compactions_of(
-        fields(
+        record(
             CompactionOutcome("session", "applied", version=2),
             CompactionOutcome("loop", "compacted", "tool_rounds"),
             CompactionOutcome("trim", "skipped"),
-            manual_compaction="skipped",
+            manual=ManualNote("skipped", 1.0),
         )
     ) == [("loop", "ok"), ("manual", "skipped")]
-    assert [route_of(p) for p in ("/v1/chat/completions", "/v1/models", "/v1/recap/x", "/x")] == [
-        "chat",
-        "passthrough",
-        "operator",
-        "other",
-    ]
+    # A compacting route names itself (its dialect); the others go by their path.
+    paths = ("/v1/models", "/v1/recap/x", "/x")
+    assert [route_of(RequestRecord(path=p)) for p in paths] == ["passthrough", "operator", "other"]
+    assert route_of(RequestRecord(path="/v1/chat/completions", route="chat")) == "chat"

@@ -12,7 +12,7 @@ from proxy.config import load_config
 from proxy.planning.transcript import render_transcript
 from proxy.stages.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
 
-SCENES_DIR = Path(__file__).resolve().parents[2] / "proxy" / "scenes_default"
+SCENES_DIR = Path(__file__).resolve().parents[2] / "scenes"
 DATA = Path(__file__).resolve().parents[1] / "data" / "taubench-airline-dev.jsonl"
 
 SESSION_SECTIONS = [

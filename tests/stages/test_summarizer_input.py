@@ -32,7 +32,7 @@ from tests.faults import (
 from tests.servers import serve
 
 # The packaged default scenes (a tenant's scenes_dir replaces them).
-SCENES = Path(__file__).resolve().parents[2] / "proxy" / "scenes_default"
+SCENES = Path(__file__).resolve().parents[2] / "scenes"
 
 
 def audit_rows(tmp_path: Path, key: str) -> list[dict[str, Any]]:

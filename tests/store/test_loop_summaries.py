@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
+import aiosqlite
+
 from proxy.store import ConversationRef, LoopSummary, Store, open_store
-from proxy.store.migrations import MIGRATIONS
+from proxy.store.migrations import migrate_sqlite
 from tests.store.conftest import FakeClock
 
 CONV = ConversationRef("acme", "conv-1")
@@ -40,20 +41,13 @@ async def test_found_only_by_what_it_covers(store: Store, clock: FakeClock) -> N
 
 async def test_migration_drops_unverifiable_rows(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    db = sqlite3.connect(path)
-    db.execute(
-        "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-        " applied_at REAL NOT NULL)"
-    )
-    for statement in MIGRATIONS[0].statements:
-        db.execute(statement)
-    db.execute("INSERT INTO schema_version VALUES (1, 'initial schema', 0)")
-    db.execute("INSERT INTO conversations VALUES ('acme', 'conv-1', 0, 0, NULL, 0, 0, 0)")
-    db.execute(
-        "INSERT INTO loop_summaries VALUES ('acme', 'conv-1', 't', 3, 'old', 1, 1, 'm', 0, 1e12)"
-    )
-    db.commit()
-    db.close()
+    async with aiosqlite.connect(path, isolation_level=None) as db:
+        assert await migrate_sqlite(db, 0.0, target=1) == 1
+        await db.execute("INSERT INTO conversations VALUES ('acme', 'conv-1', 0, 0, NULL, 0, 0, 0)")
+        await db.execute(
+            "INSERT INTO loop_summaries VALUES"
+            " ('acme', 'conv-1', 't', 3, 'old', 1, 1, 'm', 0, 1e12)"
+        )
     store = open_store(f"sqlite:///{path}", str(tmp_path))
     await store.open()
     try:

@@ -21,8 +21,8 @@ import pytest
 from proxy.store import ConversationRef, NewSummary, Store, StoreError, open_store
 from proxy.store.base import ExchangeRecord
 from proxy.store.pg_boundary import clean_text, redact
-from proxy.store.pg_migrations import LATEST
 from proxy.store.postgres import PostgresStore
+from proxy.store.schema import LATEST
 from tests.pg import postgres_url, run_sql, with_search_path
 
 CONV = ConversationRef("acme", "conv-1")

@@ -19,8 +19,7 @@ import pytest
 
 from proxy.history.messages import chain_hashes, chain_of, fingerprint, split_pinned
 from proxy.store import ConversationRef, open_store
-from proxy.store.migrations import migrate as sqlite_migrate
-from proxy.store.pg_migrations import migrate as pg_migrate
+from proxy.store.migrations import migrate_postgres, migrate_sqlite
 from proxy.store.rekey import rekey
 from tests.pg import fresh_schema, postgres_url
 
@@ -82,7 +81,7 @@ COLUMNS = {
 
 async def write_v1_sqlite(path: Path) -> None:
     async with aiosqlite.connect(path, isolation_level=None) as db:
-        assert await sqlite_migrate(db, 0.0, target=1) == 1
+        assert await migrate_sqlite(db, 0.0, target=1) == 1
         for table, rows in v1_rows().items():
             marks = ", ".join("?" * len(rows[0]))
             await db.executemany(f"INSERT INTO {table} ({COLUMNS[table]}) VALUES ({marks})", rows)
@@ -91,7 +90,7 @@ async def write_v1_sqlite(path: Path) -> None:
 async def write_v1_postgres(url: str) -> None:
     conn = await asyncpg.connect(url)
     try:
-        _, version = await pg_migrate(conn, 0.0, target=1)
+        _, version = await migrate_postgres(conn, 0.0, target=1)
         assert version == 1
         for table, rows in v1_rows().items():
             marks = ", ".join(f"${i + 1}" for i in range(len(rows[0])))

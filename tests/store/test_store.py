@@ -36,8 +36,8 @@ from proxy.store import (
     sqlite_path,
 )
 from proxy.store.base import ExchangeRecord, ListPosition
-from proxy.store.migrations import LATEST
 from proxy.store.postgres import PostgresStore
+from proxy.store.schema import LATEST
 from tests.store.conftest import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,96 @@
+"""A compacting request taken in: its body read and parsed, its Exchange made.
+
+The first step of the compacting route (compacting.py): the body read once and undone
+from its Content-Encoding (body.py), parsed by the route's adapter (proxy/dialects/),
+the conversation key derived, the budget set, and the Exchange the pipeline runs on
+built from it. Parsing and key derivation run off the event loop for a large body
+(`off_loop`). A body the adapter cannot or must not work on gives no Exchange: it is
+forwarded byte for byte, and the record says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from proxy.config import Tenant
+from proxy.dialects.base import Dialect, Parsed, PassReason, Unparsed
+from proxy.edge.body import Incoming, read_request
+from proxy.edge.route import Call
+from proxy.history.identity import conversation_ref
+from proxy.history.measure import Measure
+from proxy.history.messages import classify
+from proxy.pipeline import Control, Exchange
+from proxy.stages.offload import off_loop
+
+log = logging.getLogger("recap.chat")
+
+
+def control_of(headers: Mapping[str, str]) -> Control:
+    value = headers.get("x-recap-compaction", "auto").strip().lower()
+    return value if value in ("off", "auto", "force") else "auto"  # type: ignore[return-value]
+
+
+async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incoming, Exchange | None]:
+    """The request's body, and the Exchange to run the pipeline on (None: forwarded as
+    it came)."""
+    state, record, config = call.state, call.record, call.state.config
+    read = await read_request(call.scope, call.receive, config.max_body_bytes)
+    raw, decoded, why = read.raw, read.decoded, read.why
+    parsed: Parsed | Unparsed = Unparsed(PassReason.UNDECODABLE, why)
+    if decoded is not None:
+        readable = decoded
+        parsed = await off_loop(len(readable), lambda: dialect.parse(readable))
+    incoming = Incoming(
+        raw,
+        raw if decoded is None else decoded,
+        isinstance(parsed, Parsed) and parsed.kept_numbers,
+        parsed if isinstance(parsed, Parsed) else None,
+    )
+    if isinstance(parsed, Unparsed):
+        record.passthrough = parsed.reason.value
+        record.passthrough_reason = parsed.detail
+        log.info(
+            "%s body forwarded unchanged: %s",
+            dialect.name,
+            parsed.detail,
+            extra={"request_id": record.request_id},
+        )
+        return incoming, None
+    view = parsed
+    body = view.body
+    conv = await off_loop(
+        len(raw),
+        lambda: conversation_ref(
+            config,
+            tenant,
+            call.headers,
+            view.body,
+            candidates=dialect.key_fields(view.body),
+            messages=view.messages,
+        ),
+    )
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    measure = Measure(state.counter, model)
+    measure.bound_by(view.messages, len(incoming.decoded))
+    exchange = Exchange(
+        request_id=record.request_id,
+        tenant=tenant,
+        conversation=conv,
+        headers=call.headers,
+        body=body,
+        messages=view.messages,
+        dialect=dialect,
+        classification=classify(view.messages),
+        # In Recap's tokens, as calibrated from this tenant's usage for the model.
+        context_window=state.calibration.window(tenant.name, model, config.context_window(model)),
+        measure=measure,
+        control=control_of(call.headers),
+        body_bytes=len(incoming.decoded),
+        record=record,
+    )
+    record.conversation = conv.key
+    record.model = model
+    record.classification = exchange.classification.value
+    record.messages = len(view.messages)
+    return incoming, exchange
