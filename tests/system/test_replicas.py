@@ -261,8 +261,10 @@ def test_two_replicas_share_compactions_and_survive_a_kill(
 
 def test_the_deployment_example_is_a_valid_config() -> None:
     deploy = REPO / "docs" / "deploy"
-    config = load_config(deploy / "recap.yaml", env={"RECAP_DB_PASSWORD": "pw"})
+    env = {"RECAP_DB_PASSWORD": "pw", "RECAP_ADMIN_KEY": "an-admin-key"}
+    config = load_config(deploy / "recap.yaml", env=env)
     assert config.store == "postgresql://recap:pw@postgres:5432/recap"
+    assert config.admin_keys == ("an-admin-key",)  # one key for every replica's page
     assert config.store_pool.max_size >= 1 and config.listen.host == "0.0.0.0"
     compose = yaml.safe_load((deploy / "docker-compose.yml").read_text(encoding="utf-8"))
     services = compose["services"]
