@@ -11,128 +11,38 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from proxy.app import create_app
-from proxy.config import parse_config
 from tests import codex_bodies as codex
-from tests.fake_responses import FakeResponses
+from tests.codex_servers import (
+    Recaps,
+    Upstream,
+    compact_v2,
+    config,
+    events,
+    forwarded_inputs,
+    running_upstream,
+    turn,
+)
 from tests.servers import serve
-
-
-class Upstream(FakeResponses):
-    """The fake Responses upstream, also recording any `/v1/responses/compact` call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.app.router.routes.append(
-            Route("/v1/responses/compact", self._compact, methods=["POST"])
-        )
-
-    async def _compact(self, request: Request) -> Response:
-        await self._record(request)
-        item = {"type": "compaction", "encrypted_content": "openai-blob"}
-        return JSONResponse({"output": [item]})
-
-    def paths(self) -> list[str]:
-        with self.lock:
-            return [r.path for r in self.requests if r.purpose != "summarize"]
-
-    def summarizer_calls(self) -> list[dict[str, Any]]:
-        return [r.json for r in self.chat_requests("summarize")]
 
 
 @pytest.fixture
 def upstream() -> Iterator[tuple[Upstream, str]]:
-    fake = Upstream()
-    with serve(fake.app) as url:
-        yield fake, url
-
-
-def config(url: str, tmp_path: Path, secret: str = "", **tenant: Any) -> Any:
-    tenants = {
-        "a": {"api_keys": ["key-a"], "upstream": {"base_url": f"{url}/v1"}, **tenant},
-        "b": {"api_keys": ["key-b"], "upstream": {"base_url": f"{url}/v1"}},
-    }
-    return parse_config(
-        {
-            "store": f"sqlite:///{tmp_path / 'recap.db'}",
-            "tenants": tenants,
-            "compaction_secret": secret,
-        },
-        env={},
-        base_dir=str(tmp_path),
-    )
+    with running_upstream() as running:
+        yield running
 
 
 @pytest.fixture
 def recap(upstream: tuple[Upstream, str], tmp_path: Path) -> Iterator[Callable[..., str]]:
-    servers: list[Any] = []
-
-    def start(**tenant: Any) -> str:
-        cm = serve(create_app(config(upstream[1], tmp_path, **tenant)))
-        servers.append(cm)
-        return cm.__enter__() + "/v1"
-
-    yield start
-    for cm in reversed(servers):
-        cm.__exit__(None, None, None)
-
-
-def events(response: httpx.Response) -> list[dict[str, Any]]:
-    """The SSE events (data lines as JSON), as Codex's parser reads them."""
-    out = []
-    for block in response.text.split("\n\n"):
-        data = [ln[len("data: ") :] for ln in block.splitlines() if ln.startswith("data: ")]
-        if data:
-            out.append(json.loads("\n".join(data)))
-    return out
-
-
-def compact_v2(
-    base: str, items: list[dict[str, Any]], key: str = "key-a", session: str = codex.SESSION
-) -> dict[str, Any]:
-    """What Codex's collect_compaction_output takes from the stream: the one item."""
-    body = codex.trigger_body(items)
-    body["prompt_cache_key"] = session
-    r = httpx.post(
-        f"{base}/responses",
-        json=body,
-        headers={**codex.headers("compaction", key), "session-id": session},
-        timeout=30,
-    )
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/event-stream")
-    seen = events(r)
-    done = [e["item"] for e in seen if e["type"] == "response.output_item.done"]
-    compactions = [i for i in done if i["type"] == "compaction"]
-    assert len(compactions) == 1, seen
-    completed = [e for e in seen if e["type"] == "response.completed"]
-    assert len(completed) == 1 and completed[0]["response"]["id"]
-    usage = completed[0]["response"]["usage"]
-    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
-    return compactions[0]
-
-
-def turn(
-    base: str, items: list[dict[str, Any]], key: str = "key-a", stream: bool = True
-) -> httpx.Response:
-    body = codex.body(items)
-    body["stream"] = stream
-    return httpx.post(
-        f"{base}/responses", json=body, headers=codex.headers("turn", key), timeout=30
-    )
-
-
-def forwarded_inputs(fake: Upstream) -> list[list[dict[str, Any]]]:
-    return [r.json["input"] for r in fake.response_requests()]
+    with ExitStack() as stack:
+        yield Recaps(upstream[1], tmp_path, stack)
 
 
 def test_a_compaction_trigger_is_answered_by_recap_and_the_item_expands_upstream(
