@@ -22,6 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import Tenant
@@ -32,8 +33,10 @@ from proxy.edge.body import READ_BODY, ReadBody, read_request
 from proxy.edge.relay import Scope, until_disconnect
 from proxy.edge.route import Call, Route
 from proxy.errors import BadRequest, RecapError
+from proxy.history.conversation_ref import ConversationRef
 from proxy.history.identity import conversation_ref, resolve_tenant
 from proxy.planning.remote import (
+    CompactionRequest,
     RemoteAction,
     compact_object,
     may_hold_compaction,
@@ -42,6 +45,7 @@ from proxy.planning.remote import (
     stream_events,
 )
 from proxy.record import RemoteNote
+from proxy.stages.offload import off_loop
 from proxy.stages.remote import Compacted, RemoteCompactor
 from proxy.state import AppState
 
@@ -64,11 +68,9 @@ def _with_body(scope: Scope, body: bytes) -> Scope:
     }
 
 
-def _input_of(decoded: bytes | None) -> tuple[dict[str, Any], bool, list[Any]] | None:
+def _input_of(decoded: bytes) -> tuple[dict[str, Any], bool, list[Any]] | None:
     """The body, whether it keeps numbers as written, and its input items; None when
     this is not a body remote compaction reads (the route decides what to do with it)."""
-    if decoded is None:
-        return None
     loaded = parse_json(decoded)
     if isinstance(loaded, Unparsed):
         return None
@@ -79,6 +81,31 @@ def _input_of(decoded: bytes | None) -> tuple[dict[str, Any], bool, list[Any]] |
     if not isinstance(items, list):
         return None
     return body, kept, items
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """A `/v1/responses` body that asks for remote compaction: the body, whether it keeps
+    numbers as written, and what its input asks."""
+
+    body: dict[str, Any]
+    kept: bool
+    request: CompactionRequest
+
+
+def _asked(decoded: bytes) -> _Asked | None:
+    """What the body asks of remote compaction; None when it asks nothing (no trigger, no
+    compaction item) or is not a body it reads. Parses: off the loop for a large body."""
+    if not may_hold_compaction(decoded):
+        return None
+    found = _input_of(decoded)
+    if found is None:
+        return None
+    body, kept, items = found
+    request = read_input(items)
+    if not (request.triggered or request.compactions):
+        return None
+    return _Asked(body, kept, request)
 
 
 class _Compaction(Route):
@@ -94,21 +121,27 @@ class _Compaction(Route):
         body: dict[str, Any],
         kept: bool,
         history: list[Any],
+        size: int,
     ) -> Compacted:
         state, headers, record = call.state, call.headers, call.record
         remote = _remote(state)
         view = {k: v for k, v in body.items() if k != "input"} | {"input": history}
-        parsed = self.dialect.parse(write_json(view, kept))
-        if not isinstance(parsed, Parsed):
-            raise BadRequest(f"This compaction request cannot be read: {parsed.detail}.")
-        conv = conversation_ref(
-            state.config,
-            tenant,
-            headers,
-            parsed.body,
-            candidates=self.dialect.key_fields(parsed.body),
-            messages=parsed.messages,
-        )
+
+        def read() -> tuple[Parsed, ConversationRef]:
+            parsed = self.dialect.parse(write_json(view, kept))
+            if not isinstance(parsed, Parsed):
+                raise BadRequest(f"This compaction request cannot be read: {parsed.detail}.")
+            conv = conversation_ref(
+                state.config,
+                tenant,
+                headers,
+                parsed.body,
+                candidates=self.dialect.key_fields(parsed.body),
+                messages=parsed.messages,
+            )
+            return parsed, conv
+
+        parsed, conv = await off_loop(size, read)
         model = body.get("model") if isinstance(body.get("model"), str) else None
         record.conversation, record.model = conv.key, model
         record.messages = len(parsed.messages)
@@ -119,6 +152,7 @@ class _Compaction(Route):
             model=model,
             authorization=headers.get("authorization"),
             request_id=record.request_id,
+            size=size,
         )
         if record.remote is not None:
             record.remote.version, record.remote.reused = done.version, done.reused
@@ -146,12 +180,18 @@ class ResponsesCompact(_Compaction):
         record.tenant = tenant.name
         record.remote = RemoteNote(RemoteAction.COMPACT.value)
         read = await read_request(call.scope, call.receive, state.config.max_body_bytes)
-        found = _input_of(read.decoded)
+        decoded = read.decoded
+        if decoded is None:
+            raise BadRequest("A compaction request needs a JSON body with an `input`.")
+        size = len(decoded)
+        found = await off_loop(size, lambda: _input_of(decoded))
         if found is None:
             raise BadRequest("A compaction request needs a JSON body with an `input`.")
         body, kept, items = found
-        history = await _remote(state).expand(tenant, read_input(items).history)
-        done = await until_disconnect(call.receive, self.compact(call, tenant, body, kept, history))
+        history = await _remote(state).expand(tenant, read_input(items).history, size=size)
+        done = await until_disconnect(
+            call.receive, self.compact(call, tenant, body, kept, history, size)
+        )
         await call.responder.json(
             200, compact_object(_response_id(), int(time.time()), done.item, done.usage)
         )
@@ -174,15 +214,13 @@ class CodexGate(_Compaction):
             await self.route(scope, call.receive, call.send)
             return
         read = await read_request(scope, call.receive, state.config.max_body_bytes)
-        found = None
-        if read.decoded is not None and may_hold_compaction(read.decoded):
-            found = _input_of(read.decoded)
-        asked = read_input(found[2]) if found is not None else None
-        if found is None or asked is None or not (asked.triggered or asked.compactions):
+        decoded = read.decoded
+        asked = None if decoded is None else await off_loop(len(decoded), lambda: _asked(decoded))
+        if decoded is None or asked is None:
             scope[READ_BODY] = read  # the route reads it from here, not again
             await self.route(scope, call.receive, call.send)
             return
-        body, kept, _ = found
+        body, kept, size = asked.body, asked.kept, len(decoded)
         if server_history_key(body) is not None:
             # The upstream holds the history: Recap cannot compact or expand it.
             log.info(
@@ -193,14 +231,15 @@ class CodexGate(_Compaction):
             await self.route(scope, call.receive, call.send)
             return
         record.tenant = tenant.name
-        history = await _remote(state).expand(tenant, asked.history)
-        if not asked.triggered:
+        history = await _remote(state).expand(tenant, asked.request.history, size=size)
+        if not asked.request.triggered:
             record.remote = RemoteNote(RemoteAction.EXPANDED.value)
-            rewritten = write_json({**body, "input": history}, kept)
+            view = {**body, "input": history}
+            rewritten = await off_loop(size, lambda: write_json(view, kept))
             await self.route(_with_body(scope, rewritten), call.receive, call.send)
             return
         record.remote = RemoteNote(RemoteAction.TRIGGER.value)
-        await until_disconnect(call.receive, self._answer(call, tenant, body, kept, history))
+        await until_disconnect(call.receive, self._answer(call, tenant, body, kept, history, size))
 
     async def _answer(
         self,
@@ -209,12 +248,13 @@ class CodexGate(_Compaction):
         body: dict[str, Any],
         kept: bool,
         history: list[Any],
+        size: int,
     ) -> None:
         responder = call.responder
         model = body.get("model") if isinstance(body.get("model"), str) else None
         response_id, created = _response_id(), int(time.time())
         if body.get("stream") is not True:
-            done = await self.compact(call, tenant, body, kept, history)
+            done = await self.compact(call, tenant, body, kept, history, size)
             await responder.json(
                 200, response_object(response_id, model, created, done.item, done.usage)
             )
@@ -223,7 +263,7 @@ class CodexGate(_Compaction):
         await responder.start_sse([(b"x-accel-buffering", b"no")])
         await responder.comment("recap compacting")
         try:
-            done = await self.compact(call, tenant, body, kept, history)
+            done = await self.compact(call, tenant, body, kept, history, size)
         except RecapError as err:
             call.record.error = err.code
             await responder.chunk(_failed(response_id, model, created, err))

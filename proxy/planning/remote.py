@@ -80,6 +80,59 @@ def summary_item(summary: str, language: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
+# What the summary guard (proxy/planning/guard.py) reads of one text of a compacted message:
+# its head and tail. The guard scans text at about 2 s a megabyte in calls that hold the
+# GIL, so a 30 MB message would stall the event loop even from a worker thread; the
+# summarizer itself was shown far less of it (`max_item_chars`).
+GUARD_TEXT_CHARS = 64 * 1024
+# Where a text may be cut without leaving half a sentence: after a sentence's end, as the
+# guard splits sentences (a full stop only before whitespace: not the dot of `main.py`).
+_SENTENCE_END = re.compile(r"[。！？!?；;\n]|\.(?=\s)")
+
+
+def guard_view(message: Any, max_chars: int = GUARD_TEXT_CHARS) -> Any:
+    """`message` as the guard reads it: each text (content, its parts, tool-call arguments)
+    of over `max_chars` characters cut to its head and tail, each ending or starting on a
+    sentence boundary, so that no sentence is fused or cut short (the guard quotes whole
+    sentences back)."""
+    if not isinstance(message, Mapping):
+        return message
+    out = dict(message)
+    content = message.get("content")
+    if isinstance(content, str):
+        out["content"] = _cut(content, max_chars)
+    elif isinstance(content, list):
+        out["content"] = [
+            {**p, "text": _cut(p["text"], max_chars)}
+            if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+            else p
+            for p in content
+        ]
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        out["tool_calls"] = [_cut_call(call, max_chars) for call in calls]
+    return out
+
+
+def _cut_call(call: Any, max_chars: int) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    return {**call, "function": {**function, "arguments": _cut(function["arguments"], max_chars)}}
+
+
+def _cut(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    half = max_chars // 2
+    head, tail = text[:half], text[-half:]
+    ends = [m.end() for m in _SENTENCE_END.finditer(head)]
+    head = head[: ends[-1]] if ends else ""
+    start = _SENTENCE_END.search(tail)
+    tail = tail[start.end() :] if start else ""
+    return f"{head}\n{tail}"
+
+
 def compaction_item(token: str) -> dict[str, Any]:
     # A stable id: retries of one compaction give the same item.
     item_id = "cmp_" + hashlib.sha256(token.encode("ascii")).hexdigest()[:32]

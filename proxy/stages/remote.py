@@ -15,10 +15,11 @@ pure parts are `compaction/remote.py` (items) and `compaction/reference.py` (the
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +27,22 @@ from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
 from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import BadRequest, CompactionFailed, Conflict
-from proxy.history.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
+from proxy.history.messages import Message, chain_of, fingerprint, is_pinned, split_pinned
 from proxy.history.tokens import TokenCounter
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
 from proxy.planning.outcome import Layer, retry_detail
 from proxy.planning.reference import BadReference, Reference, issue, verify
-from proxy.planning.remote import Usage, compaction_item, is_compaction, summary_item
+from proxy.planning.remote import (
+    Usage,
+    compaction_item,
+    guard_view,
+    is_compaction,
+    summary_item,
+)
 from proxy.planning.transcript import detect_language, render_transcript, render_within
 from proxy.stages.audit import audit
+from proxy.stages.offload import off_loop
 from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
     MIN_TRANSCRIPT_TOKENS,
@@ -85,15 +93,14 @@ class RemoteCompactor:
             self._secret = await self.store.deployment_secret()
         return self._secret
 
-    async def expand(self, tenant: Tenant, items: Sequence[Any]) -> list[Any]:
-        """`items` with every compaction item replaced by the summary it references."""
+    async def expand(self, tenant: Tenant, items: Sequence[Any], *, size: int) -> list[Any]:
+        """`items` with every compaction item replaced by the summary it references;
+        `size`: the bytes of the body they came from (a large one is read off the loop)."""
         out = list(items)
+        if not any(is_compaction(item) for item in items):
+            return out
         secret = await self.secret()
-        language = ""
-        if any(is_compaction(item) for item in items):
-            language = detect_language(
-                [{"role": "user", "content": _texts(item)} for item in items if _texts(item)]
-            )
+        language = await off_loop(size, lambda: _language(items))
         for i, item in enumerate(items):
             if not is_compaction(item):
                 continue
@@ -142,19 +149,26 @@ class RemoteCompactor:
         model: str | None,
         authorization: str | None,
         request_id: str,
+        size: int,
     ) -> Compacted:
         """One summary version standing for the history `messages` (the neutral view of
         an input whose compaction items are already expanded), and the compaction item
         referencing it. As for session summaries, the leading instructions are not in it
-        and later ones are not summarised. Raises Conflict (nothing to compact) or
-        CompactionFailed (the summarizer failed)."""
-        _, body = split_pinned(messages)
+        and later ones are not summarised. `size`: the bytes of the request's body; for a
+        large one the history is hashed, counted and rendered off the event loop
+        (proxy.stages.offload). Raises Conflict (nothing to compact) or CompactionFailed
+        (the summarizer failed)."""
+
+        def count(text: str) -> int:
+            return self.counter.count_text(text, model)
+
+        history = await off_loop(size, lambda: _weigh(messages, count))
+        body = history.body
         if not any(not is_pinned(m) for m in body):
             raise Conflict("Nothing to compact: the input holds only instructions.")
-        chain = chain_hashes(body)
+        chain, before = history.chain, history.tokens
         secret = await self.secret()
         policy = tenant.compaction.session
-        before = self.counter.count_text(render_transcript(body, 1 << 30), model)
         async with self.store.conversation_lock(conv):
             prior = await self.store.matching_summary(conv, chain)
             if prior is not None and prior.covered == len(body):
@@ -164,19 +178,12 @@ class RemoteCompactor:
                 )
             start = time.perf_counter()
             # The originals first: a summary never exists whose originals are missing.
-            await self.store.archive_messages(
-                conv, [(fingerprint(m), message_json(m)) for m in body]
-            )
+            await self.store.archive_messages(conv, history.rows)
             summary = prior.summary if prior is not None else ""
             begin = prior.covered if prior is not None else 0
             scene = self.scenes[tenant.name].get(policy.scene)
-            language = detect_language(body)
             tokens_in = tokens_out = retries = salvaged = 0
             used = model or ""
-
-            def count(text: str) -> int:
-                return self.counter.count_text(text, model)
-
             weights: dict[int, int] = {}
 
             def weight(i: int) -> int:
@@ -190,7 +197,7 @@ class RemoteCompactor:
                 "existing_summary": summary,
                 "current_message": "",
                 "max_summary_chars": prompt_chars(policy.max_summary_chars),
-                "language": language,
+                "language": history.language,
             }
             # Every call fits summarizer.context_window, as the session stage's do.
             limits = call_limits(
@@ -201,7 +208,10 @@ class RemoteCompactor:
                 count_text=count,
                 item_tokens=weight,
             )
-            batches = _batches(body, begin, policy.max_batch_messages, limits.budget)
+            batches = await off_loop(
+                size,
+                lambda: _batches(body, begin, policy.max_batch_messages, limits.budget),
+            )
             for k, (a, b) in enumerate(batches):
                 span = [m for m in body[a:b] if not is_pinned(m)]
                 if not span:
@@ -210,20 +220,22 @@ class RemoteCompactor:
                 try:
                     if room < MIN_TRANSCRIPT_TOKENS:
                         raise SummarizerFailed("summarizer context_window too small")
+                    transcript = await off_loop(
+                        size,
+                        functools.partial(render_within, span, policy.max_item_chars, room, count),
+                    )
                     result = await self.summarizer.summarize(
                         tenant,
                         scene,
-                        {
-                            "transcript": render_within(span, policy.max_item_chars, room, count),
-                            **values,
-                            "existing_summary": summary,
-                        },
+                        {"transcript": transcript, **values, "existing_summary": summary},
                         model=model,
                         authorization=authorization,
                         max_chars=policy.max_summary_chars,
-                        replaced=[{"role": "assistant", "content": summary}, *span]
-                        if summary
-                        else span,
+                        # The guard reads each message's head and tail (guard_view).
+                        replaced=[
+                            *([{"role": "assistant", "content": summary}] if summary else []),
+                            *(guard_view(m) for m in span),
+                        ],
                         max_tokens=limits.max_tokens,
                         # Codex's own API is the Responses API; its summary is asked for
                         # as every Responses request's is.
@@ -231,7 +243,7 @@ class RemoteCompactor:
                     )
                 except SummarizerFailed as exc:
                     detail = retry_detail(exc.reason, int(exc.retried), 0)
-                    await self._audit(conv, "failed", detail, before, body, summary, used, start)
+                    await self._audit(conv, "failed", detail, history, summary, used, start)
                     raise CompactionFailed(f"Compaction failed: {exc.reason}.") from None
                 retries += result.retried
                 salvaged += result.salvaged
@@ -253,7 +265,7 @@ class RemoteCompactor:
             )
             detail = retry_detail(None, retries, salvaged)
             await self._audit(
-                conv, "ok", detail, before, body, summary, used, start, version.version, request_id
+                conv, "ok", detail, history, summary, used, start, version.version, request_id
             )
             log.info(
                 "remote compaction: %d messages into summary version %d",
@@ -285,15 +297,14 @@ class RemoteCompactor:
         conv: ConversationRef,
         outcome: str,
         detail: str,
-        tokens: int,
-        body: Sequence[Message],
+        history: _History,
         summary: str,
         model: str,
         start: float,
         version: int | None = None,
         request_id: str = "",
     ) -> None:
-        chars = sum(len(message_json(item)) for item in body)
+        tokens, chars = history.tokens, history.chars
         await audit(
             self.store,
             conv,
@@ -309,8 +320,37 @@ class RemoteCompactor:
                 model=model,
                 duration_ms=int((time.perf_counter() - start) * 1000),
             ),
-            {"request_id": request_id, "version": version, "covered": len(body)},
+            {"request_id": request_id, "version": version, "covered": len(history.body)},
         )
+
+
+@dataclass(frozen=True)
+class _History:
+    """A history to compact, worked out once: hashing, counting and writing its messages'
+    JSON is what costs on a large request (`_weigh`, off the loop for one)."""
+
+    # Its messages after the leading instructions (what the summary stands for).
+    body: list[Message]
+    chain: list[str]
+    # (fingerprint, JSON) of each, for the archive.
+    rows: list[tuple[str, str]]
+    # Its tokens as one transcript, and its characters as JSON (the audit's "before").
+    tokens: int
+    chars: int
+    language: str
+
+
+def _weigh(messages: Sequence[Message], count: Callable[[str], int]) -> _History:
+    _, body = split_pinned(messages)
+    rows = [(fingerprint(m), message_json(m)) for m in body]
+    return _History(
+        body=body,
+        chain=chain_of([fp for fp, _ in rows]),
+        rows=rows,
+        tokens=count(render_transcript(body, 1 << 30)),
+        chars=sum(len(text) for _, text in rows),
+        language=detect_language(body),
+    )
 
 
 def _batches(
@@ -331,6 +371,13 @@ def _batches(
         spans.append((a, b))
         a = b
     return spans
+
+
+def _language(items: Sequence[Any]) -> str:
+    """The language of the user's text in `items` (for the summary frame)."""
+    return detect_language(
+        [{"role": "user", "content": text} for item in items if (text := _texts(item))]
+    )
 
 
 def _texts(item: Any) -> str:
