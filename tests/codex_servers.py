@@ -9,7 +9,7 @@ as Codex's `collect_compaction_output` reads it) and a turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,14 @@ def running_upstream() -> Iterator[tuple[Upstream, str]]:
         yield fake, url
 
 
-def config(url: str, tmp_path: Path, secret: str = "", **tenant: Any) -> Config:
+def config(
+    url: str,
+    tmp_path: Path,
+    secret: str = "",
+    top: Mapping[str, Any] | None = None,
+    **tenant: Any,
+) -> Config:
+    """Tenants `a` (with `tenant`'s settings) and `b`; `top`: settings of the config itself."""
     tenants = {
         "a": {"api_keys": ["key-a"], "upstream": {"base_url": f"{url}/v1"}, **tenant},
         "b": {"api_keys": ["key-b"], "upstream": {"base_url": f"{url}/v1"}},
@@ -65,6 +72,7 @@ def config(url: str, tmp_path: Path, secret: str = "", **tenant: Any) -> Config:
             "store": f"sqlite:///{tmp_path / 'recap.db'}",
             "tenants": tenants,
             "compaction_secret": secret,
+            **(top or {}),
         },
         env={},
         base_dir=str(tmp_path),
@@ -78,8 +86,8 @@ class Recaps:
     def __init__(self, url: str, tmp_path: Path, stack: ExitStack) -> None:
         self.url, self.tmp_path, self.stack = url, tmp_path, stack
 
-    def __call__(self, **tenant: Any) -> str:
-        cfg = config(self.url, self.tmp_path, **tenant)
+    def __call__(self, top: Mapping[str, Any] | None = None, **tenant: Any) -> str:
+        cfg = config(self.url, self.tmp_path, top=top, **tenant)
         return self.stack.enter_context(serve(create_app(cfg))) + "/v1"
 
 

@@ -16,6 +16,7 @@ pure parts are `compaction/remote.py` (items) and `compaction/reference.py` (the
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -26,7 +27,7 @@ from typing import Any
 from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
 from proxy.dialects.responses import ResponsesDialect
-from proxy.errors import BadRequest, CompactionFailed, Conflict
+from proxy.errors import BadRequest, CompactionFailed, Conflict, PayloadTooLarge
 from proxy.history.messages import Message, chain_of, fingerprint, is_pinned, split_pinned
 from proxy.history.tokens import TokenCounter
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
@@ -59,8 +60,17 @@ log = logging.getLogger("recap.remote")
 _CACHE_SIZE = 1024
 
 
+# Compaction items one request may carry. Codex sends one (its history after a compaction
+# holds the newest item only); each expands to a whole summary, so the count is bounded.
+MAX_COMPACTION_ITEMS = 16
+
+
 class InvalidReference(BadRequest):
     code = "invalid_compaction_reference"
+
+
+class TooManyCompactionItems(BadRequest):
+    code = "too_many_compaction_items"
 
 
 @dataclass(frozen=True)
@@ -95,17 +105,32 @@ class RemoteCompactor:
 
     async def expand(self, tenant: Tenant, items: Sequence[Any], *, size: int) -> list[Any]:
         """`items` with every compaction item replaced by the summary it references;
-        `size`: the bytes of the body they came from (a large one is read off the loop)."""
+        `size`: the bytes of the body they came from (a large one is read off the loop).
+
+        At most MAX_COMPACTION_ITEMS items (else TooManyCompactionItems), and the body
+        they expand to within `max_body_bytes` as the body sent is (else PayloadTooLarge):
+        one item of 230 bytes stands for a whole summary."""
         out = list(items)
-        if not any(is_compaction(item) for item in items):
+        at = [i for i, item in enumerate(items) if is_compaction(item)]
+        if not at:
             return out
+        if len(at) > MAX_COMPACTION_ITEMS:
+            raise TooManyCompactionItems(
+                f"This input holds {len(at)} compaction items; a request may carry at most"
+                f" {MAX_COMPACTION_ITEMS} (Codex sends one).",
+                param="input",
+            )
         secret = await self.secret()
-        language = await off_loop(size, lambda: _language(items))
-        for i, item in enumerate(items):
-            if not is_compaction(item):
+        language = await off_loop(size, lambda: _language(items)) or "en"
+        # The same item sent twice is looked up once.
+        made: dict[str, dict[str, Any]] = {}
+        for i in at:
+            token = items[i].get("encrypted_content")
+            if isinstance(token, str) and token in made:
+                out[i] = made[token]
                 continue
             try:
-                ref = verify(secret, tenant.name, item.get("encrypted_content"))
+                ref = verify(secret, tenant.name, token)
             except BadReference as exc:
                 raise InvalidReference(f"input[{i}]: {exc}.", param=f"input[{i}]") from None
             summary = await self._summary(tenant, ref)
@@ -115,7 +140,15 @@ class RemoteCompactor:
                     " (deleted, or from another store).",
                     param=f"input[{i}]",
                 )
-            out[i] = summary_item(summary, language or "en")
+            out[i] = made[str(token)] = summary_item(summary, language)
+        grown = sum(_json_bytes(out[i]) - _json_bytes(items[i]) for i in at)
+        limit = self.config.max_body_bytes
+        if size + grown > limit:
+            raise PayloadTooLarge(
+                f"Request body is over the proxy's limit of {limit} bytes once its compaction"
+                " items are expanded.",
+                param="input",
+            )
         return out
 
     async def _summary(self, tenant: Tenant, ref: Reference) -> str | None:
@@ -371,6 +404,11 @@ def _batches(
         spans.append((a, b))
         a = b
     return spans
+
+
+def _json_bytes(item: Any) -> int:
+    """An item's size in a body (UTF-8 JSON, as clients write it)."""
+    return len(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def _language(items: Sequence[Any]) -> str:
