@@ -55,6 +55,26 @@ def running_upstream() -> Iterator[tuple[Upstream, str]]:
         yield fake, url
 
 
+def config_data(
+    url: str,
+    tmp_path: Path,
+    secret: str = "",
+    top: Mapping[str, Any] | None = None,
+    **tenant: Any,
+) -> dict[str, Any]:
+    """Tenants `a` (with `tenant`'s settings) and `b`; `top`: settings of the config itself."""
+    tenants = {
+        "a": {"api_keys": ["key-a"], "upstream": {"base_url": f"{url}/v1"}, **tenant},
+        "b": {"api_keys": ["key-b"], "upstream": {"base_url": f"{url}/v1"}},
+    }
+    return {
+        "store": f"sqlite:///{tmp_path / 'recap.db'}",
+        "tenants": tenants,
+        "compaction_secret": secret,
+        **(top or {}),
+    }
+
+
 def config(
     url: str,
     tmp_path: Path,
@@ -62,20 +82,8 @@ def config(
     top: Mapping[str, Any] | None = None,
     **tenant: Any,
 ) -> Config:
-    """Tenants `a` (with `tenant`'s settings) and `b`; `top`: settings of the config itself."""
-    tenants = {
-        "a": {"api_keys": ["key-a"], "upstream": {"base_url": f"{url}/v1"}, **tenant},
-        "b": {"api_keys": ["key-b"], "upstream": {"base_url": f"{url}/v1"}},
-    }
     return parse_config(
-        {
-            "store": f"sqlite:///{tmp_path / 'recap.db'}",
-            "tenants": tenants,
-            "compaction_secret": secret,
-            **(top or {}),
-        },
-        env={},
-        base_dir=str(tmp_path),
+        config_data(url, tmp_path, secret, top, **tenant), env={}, base_dir=str(tmp_path)
     )
 
 

@@ -188,7 +188,9 @@ class ResponsesCompact(_Compaction):
         if found is None:
             raise BadRequest("A compaction request needs a JSON body with an `input`.")
         body, kept, items = found
-        history = await _remote(state).expand(tenant, read_input(items).history, size=size)
+        history = await _remote(state).expand(
+            tenant, read_input(items).history, size=size, request_id=record.request_id
+        )
         done = await until_disconnect(
             call.receive, self.compact(call, tenant, body, kept, history, size)
         )
@@ -231,7 +233,9 @@ class CodexGate(_Compaction):
             await self.route(scope, call.receive, call.send)
             return
         record.tenant = tenant.name
-        history = await _remote(state).expand(tenant, asked.request.history, size=size)
+        history = await _remote(state).expand(
+            tenant, asked.request.history, size=size, request_id=record.request_id
+        )
         if not asked.request.triggered:
             record.remote = RemoteNote(RemoteAction.EXPANDED.value)
             view = {**body, "input": history}

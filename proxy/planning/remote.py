@@ -17,6 +17,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from proxy.planning.framing import summary_message
@@ -74,10 +75,87 @@ def read_input(items: Sequence[Any]) -> CompactionRequest:
     )
 
 
+class Unavailable(enum.StrEnum):
+    """Why a valid compaction item's summary is not what it expands to (docs/codex.md)."""
+
+    GONE = "gone"  # the store no longer has it: pruned, or the store was replaced
+    WITHDRAWN = "withdrawn"  # an operator rolled the conversation back past it, to none
+    FOREIGN = "foreign"  # issued in another conversation (not one this request forks)
+
+
+# Recap's own notes, in place of a summary it will not or cannot show. Said as Recap's
+# (never as the user's), and not in a summary frame: they record no conversation.
+_NOTES = MappingProxyType(
+    {
+        ("English", Unavailable.GONE): (
+            "[Recap: an earlier part of this conversation was compacted here, and its summary"
+            " is no longer kept: it was deleted from Recap's store (by retention or an"
+            " operator's prune). That earlier context is gone; the messages around this note"
+            " are all that remain of it. Carry on from them, and ask the user for anything"
+            " needed from before.]"
+        ),
+        ("English", Unavailable.WITHDRAWN): (
+            "[Recap: an earlier part of this conversation was compacted here, and an operator"
+            " withdrew its summary (a rollback). That earlier context is not shown; the"
+            " messages around this note are all that remain of it. Carry on from them, and ask"
+            " the user for anything needed from before.]"
+        ),
+        ("English", Unavailable.FOREIGN): (
+            "[Recap: a compaction record of another conversation was sent here; its summary is"
+            " not carried into this conversation. Carry on from the messages around this note,"
+            " and ask the user for anything needed from before.]"
+        ),
+        ("English", "earlier"): (
+            "[Recap: an operator withdrew the latest summary of the earlier part of this"
+            " conversation (a rollback). The record below is the earlier one the operator kept;"
+            " what happened after it, up to the messages that follow, is not shown.]"
+        ),
+        ("Chinese", Unavailable.GONE): (
+            "[Recap：此处原有一段已压缩的较早对话，其摘要已不再保存：它已从 Recap 的存储中删除"
+            "（保留期清理或运维人员的清理）。那段较早的上下文已丢失，本说明前后的消息就是仅存的内容。"
+            "请据此继续，如需之前的信息请询问用户。]"
+        ),
+        ("Chinese", Unavailable.WITHDRAWN): (
+            "[Recap：此处原有一段已压缩的较早对话，运维人员已撤回其摘要（回滚）。那段较早的上下文"
+            "不再显示，本说明前后的消息就是仅存的内容。请据此继续，如需之前的信息请询问用户。]"
+        ),
+        ("Chinese", Unavailable.FOREIGN): (
+            "[Recap：此处收到的是另一段对话的压缩记录，其摘要不会带入本对话。"
+            "请根据本说明前后的消息继续，如需之前的信息请询问用户。]"
+        ),
+        ("Chinese", "earlier"): (
+            "[Recap：运维人员已撤回这段较早对话的最新摘要（回滚）。下面是运维人员保留的较早记录；"
+            "其后直到后续消息之间发生的事情不再显示。]"
+        ),
+    }
+)
+
+
+def _note_language(language: str) -> str:
+    lang = language.strip().lower()
+    return "Chinese" if "chinese" in lang or lang.startswith("zh") else "English"
+
+
+def _user_item(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
 def summary_item(summary: str, language: str) -> dict[str, Any]:
     """The input item a compaction item is replaced by: the summary as user-side data."""
-    text = summary_message(summary, "user", language, "session")["content"]
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    return _user_item(summary_message(summary, "user", language, "session")["content"])
+
+
+def earlier_summary_item(summary: str, language: str) -> dict[str, Any]:
+    """In place of an item whose version was rolled back: the version the operator kept
+    (`summary`), framed as any summary, after Recap's note that it is an earlier one."""
+    note = _NOTES[(_note_language(language), "earlier")]
+    framed = summary_message(summary, "user", language, "session")["content"]
+    return _user_item(f"{note}\n\n{framed}")
+
+
+def unavailable_item(why: Unavailable, language: str) -> dict[str, Any]:
+    """In place of an item whose summary is not shown: Recap's note saying so and why."""
+    return _user_item(_NOTES[(_note_language(language), why)])
 
 
 # What the summary guard (proxy/planning/guard.py) reads of one text of a compacted message:

@@ -19,7 +19,6 @@ import functools
 import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,11 +34,13 @@ from proxy.planning.framing import prompt_chars
 from proxy.planning.outcome import Layer, retry_detail
 from proxy.planning.reference import BadReference, Reference, issue, verify
 from proxy.planning.remote import (
+    Unavailable,
     Usage,
     compaction_item,
     guard_view,
     is_compaction,
     summary_item,
+    unavailable_item,
 )
 from proxy.planning.transcript import detect_language, render_transcript, render_within
 from proxy.stages.audit import audit
@@ -54,11 +55,6 @@ from proxy.stages.summarize import (
 from proxy.store.base import CompactionRecord, ConversationRef, NewSummary, Store
 
 log = logging.getLogger("recap.remote")
-
-# Summary texts of references seen lately, by (tenant, key, version, boundary): a stored
-# version never changes, and every Codex request after a compaction carries its item.
-_CACHE_SIZE = 1024
-
 
 # Compaction items one request may carry. Codex sends one (its history after a compaction
 # holds the newest item only); each expands to a whole summary, so the count is bounded.
@@ -96,14 +92,15 @@ class RemoteCompactor:
         self.scenes = scenes
         self.counter = counter
         self._secret = config.compaction_secret.encode() if config.compaction_secret else b""
-        self._summaries: OrderedDict[tuple[str, str, int, str], str] = OrderedDict()
 
     async def secret(self) -> bytes:
         if not self._secret:
             self._secret = await self.store.deployment_secret()
         return self._secret
 
-    async def expand(self, tenant: Tenant, items: Sequence[Any], *, size: int) -> list[Any]:
+    async def expand(
+        self, tenant: Tenant, items: Sequence[Any], *, size: int, request_id: str
+    ) -> list[Any]:
         """`items` with every compaction item replaced by the summary it references;
         `size`: the bytes of the body they came from (a large one is read off the loop).
 
@@ -133,14 +130,7 @@ class RemoteCompactor:
                 ref = verify(secret, tenant.name, token)
             except BadReference as exc:
                 raise InvalidReference(f"input[{i}]: {exc}.", param=f"input[{i}]") from None
-            summary = await self._summary(tenant, ref)
-            if summary is None:
-                raise InvalidReference(
-                    f"input[{i}]: this compaction item refers to a summary Recap does not have"
-                    " (deleted, or from another store).",
-                    param=f"input[{i}]",
-                )
-            out[i] = made[str(token)] = summary_item(summary, language)
+            out[i] = made[str(token)] = await self._expansion(tenant, ref, language, request_id)
         grown = sum(_json_bytes(out[i]) - _json_bytes(items[i]) for i in at)
         limit = self.config.max_body_bytes
         if size + grown > limit:
@@ -151,27 +141,30 @@ class RemoteCompactor:
             )
         return out
 
-    async def _summary(self, tenant: Tenant, ref: Reference) -> str | None:
-        cache_key = (tenant.name, ref.key, ref.version, ref.boundary_hash)
-        hit = self._summaries.get(cache_key)
-        if hit is not None:
-            self._summaries.move_to_end(cache_key)
-            return hit
-        versions = await self.store.summary_versions(ConversationRef(tenant.name, ref.key))
-        found = next(
-            (
-                v
-                for v in versions
-                if v.version == ref.version and v.boundary_hash == ref.boundary_hash
-            ),
-            None,
+    async def _expansion(
+        self, tenant: Tenant, ref: Reference, language: str, request_id: str
+    ) -> dict[str, Any]:
+        """What one verified reference expands to, as the store holds it now (read on every
+        request: an operator's prune or rollback, from this process or another, holds at
+        once). A version the store no longer has (pruned, or the store was replaced; the
+        boundary hash tells a later version of the same number apart) is Recap's note
+        that the earlier context is gone."""
+        conv = ConversationRef(tenant.name, ref.key)
+        found = await self.store.summary_version(conv, ref.version)
+        if found is None or found.boundary_hash != ref.boundary_hash:
+            return self._unavailable(Unavailable.GONE, ref, language, request_id)
+        return summary_item(found.summary, language)
+
+    def _unavailable(
+        self, why: Unavailable, ref: Reference, language: str, request_id: str
+    ) -> dict[str, Any]:
+        log.warning(
+            "compaction item of version %d not expanded (%s): Recap's note in its place",
+            ref.version,
+            why.value,
+            extra={"request_id": request_id},
         )
-        if found is None:
-            return None
-        self._summaries[cache_key] = found.summary
-        if len(self._summaries) > _CACHE_SIZE:
-            self._summaries.popitem(last=False)
-        return found.summary
+        return unavailable_item(why, language)
 
     async def compact(
         self,

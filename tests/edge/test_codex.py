@@ -188,21 +188,6 @@ def test_a_reference_that_is_not_this_tenants_is_a_400(
     assert forwarded_inputs(fake) == []
 
 
-def test_a_reference_to_a_summary_the_store_lost_is_a_400(
-    upstream: tuple[Upstream, str], tmp_path: Path
-) -> None:
-    fake, url = upstream
-    cfg = config(url, tmp_path, secret="s" * 40)
-    with serve(create_app(cfg)) as base:
-        item = compact_v2(base + "/v1", codex.history())
-    (tmp_path / "recap.db").unlink()
-    with serve(create_app(cfg)) as base:
-        r = turn(base + "/v1", codex.after_compaction(item, "go on"))
-    assert r.status_code == 400
-    assert "does not have" in r.json()["error"]["message"]
-    assert forwarded_inputs(fake) == []
-
-
 def test_references_outlive_a_restart_on_the_same_store(
     upstream: tuple[Upstream, str], tmp_path: Path
 ) -> None:

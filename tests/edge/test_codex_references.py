@@ -10,25 +10,32 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from proxy.app import create_app
+from proxy.planning.remote import Unavailable, unavailable_item
 from tests import codex_bodies as codex
 from tests.codex_servers import (
     Recaps,
     Upstream,
     compact_v2,
     config,
+    config_data,
     forwarded_inputs,
     running_upstream,
     turn,
 )
+from tests.conftest import REPO
 from tests.fakes import Reply
+from tests.faults import wait_until
 from tests.servers import serve
 
 SECRET = "s" * 40
@@ -92,4 +99,79 @@ def test_a_version_of_the_same_number_with_another_boundary_is_not_expanded(
         assert reference(old)["v"] == 1 and reference(old)["h"] != reference(new)["h"]
         r = turn(base + "/v1", codex.after_compaction(old, "go on"))
     assert "SUMMARY-TWO" not in json.dumps(forwarded_inputs(fake)), r.text[:300]
+    assert fake.problems == []
+
+
+def operator(config_file: Path, *args: str) -> str:
+    """One `recap` command in its own process, as an operator runs it beside the server."""
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", *args, "--config", str(config_file)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_pruned_conversations_item_expands_to_a_note_before_and_after_a_restart(
+    upstream: tuple[Upstream, str], tmp_path: Path
+) -> None:
+    """`recap prune` deleted the conversation: its item is Recap's note that the earlier
+    context is gone (not a 400 on every later turn, and not the deleted summary the server
+    still had in memory), on the running server and after a restart; the session goes on."""
+    fake, url = upstream
+    made = summaries_by_word(fake)
+    data = config_data(url, tmp_path, secret=SECRET)
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(data))
+    cfg = config(url, tmp_path, secret=SECRET)
+    gone = unavailable_item(Unavailable.GONE, "English")
+    item = None
+    with serve(create_app(cfg)) as base:
+        item = compact_v2(base + "/v1", codex.history())
+        assert turn(base + "/v1", codex.after_compaction(item, "go on")).status_code == 200
+        assert "SUMMARY-ONE" in sent_text(fake)
+        # Idle for over 0.00003 days (2.6 s)? Then the CLI prunes it, in its own process.
+        assert wait_until(
+            lambda: operator(config_file, "prune", "--older-than-days", "0.00003").startswith(
+                "pruned 1 "
+            ),
+            timeout=60,
+            step=0.5,
+        )
+        r = turn(base + "/v1", codex.after_compaction(item, "go on"))
+        assert r.status_code == 200, r.text[:300]
+        assert forwarded_inputs(fake)[-1][4] == gone
+        assert "SUMMARY-ONE" not in sent_text(fake)
+    with serve(create_app(cfg)) as base:
+        r = turn(base + "/v1", codex.after_compaction(item, "go on"), stream=False)
+        assert r.status_code == 200, r.text[:300]
+        assert forwarded_inputs(fake)[-1][4] == gone
+        # The session compacts again, over the note: a new item, a new summary.
+        again = compact_v2(base + "/v1", codex.after_compaction(item, "go on"))
+        assert made[-1] == "SUMMARY-TWO"
+        transcript = fake.summarizer_calls()[-1]["messages"][1]["content"]
+        assert "SUMMARY-ONE" not in transcript
+        assert turn(base + "/v1", codex.after_compaction(again, "and on")).status_code == 200
+        assert "SUMMARY-TWO" in sent_text(fake)
+    assert fake.problems == []
+
+
+def test_an_item_from_a_store_that_lost_it_expands_to_the_same_note(
+    upstream: tuple[Upstream, str], tmp_path: Path
+) -> None:
+    """The store was replaced (same deployment secret): the item is valid, its summary is
+    gone, as after a prune."""
+    fake, url = upstream
+    cfg = config(url, tmp_path, secret=SECRET)
+    with serve(create_app(cfg)) as base:
+        item = compact_v2(base + "/v1", codex.history())
+    (tmp_path / "recap.db").unlink()
+    with serve(create_app(cfg)) as base:
+        r = turn(base + "/v1", codex.after_compaction(item, "go on"))
+    assert r.status_code == 200, r.text[:300]
+    assert forwarded_inputs(fake)[-1][4] == unavailable_item(Unavailable.GONE, "English")
     assert fake.problems == []
