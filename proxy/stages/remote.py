@@ -37,6 +37,7 @@ from proxy.planning.remote import (
     Unavailable,
     Usage,
     compaction_item,
+    earlier_summary_item,
     guard_view,
     is_compaction,
     summary_item,
@@ -148,12 +149,27 @@ class RemoteCompactor:
         request: an operator's prune or rollback, from this process or another, holds at
         once). A version the store no longer has (pruned, or the store was replaced; the
         boundary hash tells a later version of the same number apart) is Recap's note
-        that the earlier context is gone."""
+        that the earlier context is gone. A version an operator rolled back past is never
+        used again (docs/operating.md): in its place the newest earlier version still in
+        use (the one the rollback went back to), after Recap's note that it is an earlier
+        one; none (a rollback to none): Recap's note that the summary was withdrawn."""
         conv = ConversationRef(tenant.name, ref.key)
         found = await self.store.summary_version(conv, ref.version)
         if found is None or found.boundary_hash != ref.boundary_hash:
             return self._unavailable(Unavailable.GONE, ref, language, request_id)
-        return summary_item(found.summary, language)
+        if not found.rolled_back:
+            return summary_item(found.summary, language)
+        versions = await self.store.summary_versions(conv)
+        kept = [v for v in versions if v.version < ref.version and not v.rolled_back]
+        if not kept:
+            return self._unavailable(Unavailable.WITHDRAWN, ref, language, request_id)
+        log.warning(
+            "compaction item of version %d rolled back: expanded to version %d",
+            ref.version,
+            kept[-1].version,
+            extra={"request_id": request_id},
+        )
+        return earlier_summary_item(kept[-1].summary, language)
 
     def _unavailable(
         self, why: Unavailable, ref: Reference, language: str, request_id: str

@@ -17,11 +17,17 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from proxy.app import create_app
-from proxy.planning.remote import Unavailable, unavailable_item
+from proxy.planning.remote import (
+    Unavailable,
+    earlier_summary_item,
+    summary_item,
+    unavailable_item,
+)
 from tests import codex_bodies as codex
 from tests.codex_servers import (
     Recaps,
@@ -174,4 +180,67 @@ def test_an_item_from_a_store_that_lost_it_expands_to_the_same_note(
         r = turn(base + "/v1", codex.after_compaction(item, "go on"))
     assert r.status_code == 200, r.text[:300]
     assert forwarded_inputs(fake)[-1][4] == unavailable_item(Unavailable.GONE, "English")
+    assert fake.problems == []
+
+
+def rollback(base: str, version: int | None) -> None:
+    r = httpx.post(
+        f"{base}/recap/conversations/{codex.SESSION}/rollback",
+        headers={"authorization": "Bearer key-a"},
+        json={"version": version},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+
+
+def stored_summary(base: str, version: int) -> str:
+    r = httpx.get(
+        f"{base}/recap/conversations/{codex.SESSION}",
+        headers={"authorization": "Bearer key-a"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    (found,) = [v for v in r.json()["versions"] if v["version"] == version]
+    return str(found["summary"])
+
+
+def test_a_rolled_back_version_is_never_expanded_again(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """An operator rolled the conversation back past the item Codex holds: the item brings
+    the version the operator kept (with Recap's note that it is an earlier one), or, rolled
+    back to none, Recap's note that the summary was withdrawn; never the withdrawn text, in
+    a turn or folded into a new compaction. Naming the version again brings it back."""
+    fake, _ = upstream
+    made = summaries_by_word(fake)
+    base = recap()
+    first = compact_v2(base, codex.history())
+    later = codex.after_compaction(first, "Now also run the linter")
+    later += codex.tool_round(21, "ruff check src", "src/parser.py:3:1 F401 unused import")
+    second = compact_v2(base, later)
+    assert made == ["SUMMARY-ONE", "SUMMARY-TWO"]
+    kept = stored_summary(base, 1)
+
+    rollback(base, 1)
+    assert turn(base, codex.after_compaction(second, "go on")).status_code == 200
+    assert forwarded_inputs(fake)[-1][4] == earlier_summary_item(kept, "English")
+    assert "SUMMARY-TWO" not in sent_text(fake)
+    # The version kept expands as it always did.
+    assert turn(base, codex.after_compaction(first, "go on")).status_code == 200
+    assert forwarded_inputs(fake)[-1][4] == summary_item(kept, "English")
+    # A compaction over the rolled-back item folds the kept version, not the withdrawn one.
+    compact_v2(base, codex.after_compaction(second, "go on"))
+    transcript = fake.summarizer_calls()[-1]["messages"][1]["content"]
+    assert "SUMMARY-ONE" in transcript and "SUMMARY-TWO" not in transcript
+
+    rollback(base, None)
+    withdrawn = unavailable_item(Unavailable.WITHDRAWN, "English")
+    for item in (first, second):
+        assert turn(base, codex.after_compaction(item, "go on")).status_code == 200
+        assert forwarded_inputs(fake)[-1][4] == withdrawn
+        assert "SUMMARY-" not in sent_text(fake)
+
+    rollback(base, 2)  # an operator's explicit choice: version 2 is in use again
+    assert turn(base, codex.after_compaction(second, "go on")).status_code == 200
+    assert forwarded_inputs(fake)[-1][4] == summary_item(stored_summary(base, 2), "English")
     assert fake.problems == []
