@@ -110,17 +110,23 @@ def events(response: httpx.Response) -> list[dict[str, Any]]:
 
 
 def compact_v2(
-    base: str, items: list[dict[str, Any]], key: str = "key-a", session: str = codex.SESSION
+    base: str,
+    items: list[dict[str, Any]],
+    key: str = "key-a",
+    session: str | None = codex.SESSION,
 ) -> dict[str, Any]:
-    """What Codex's collect_compaction_output takes from the stream: the one item."""
+    """What Codex's collect_compaction_output takes from the stream: the one item (in
+    `session`; None: a client naming no conversation)."""
     body = codex.trigger_body(items)
-    body["prompt_cache_key"] = session
-    r = httpx.post(
-        f"{base}/responses",
-        json=body,
-        headers={**codex.headers("compaction", key), "session-id": session},
-        timeout=30,
-    )
+    headers = codex.headers("compaction", key)
+    if session is None:
+        del body["prompt_cache_key"], body["client_metadata"]
+        for name in ("session-id", "thread-id", "x-client-request-id"):
+            del headers[name]
+    else:
+        body["prompt_cache_key"] = session
+        headers["session-id"] = session
+    r = httpx.post(f"{base}/responses", json=body, headers=headers, timeout=30)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/event-stream")
     seen = events(r)
@@ -139,13 +145,24 @@ def turn(
     items: list[dict[str, Any]],
     key: str = "key-a",
     stream: bool = True,
-    session: str = codex.SESSION,
+    session: str | None = codex.SESSION,
+    extra: Mapping[str, str] | None = None,
 ) -> httpx.Response:
+    """A Codex turn in `session` (None: a client naming no conversation at all), with
+    `extra` headers."""
     body = codex.body(items)
     body["stream"] = stream
-    body["prompt_cache_key"] = session
-    headers = {**codex.headers("turn", key), "session-id": session, "thread-id": session}
-    return httpx.post(f"{base}/responses", json=body, headers=headers, timeout=30)
+    headers = codex.headers("turn", key)
+    if session is None:
+        del body["prompt_cache_key"], body["client_metadata"]
+        for name in ("session-id", "thread-id", "x-client-request-id"):
+            del headers[name]
+    else:
+        body["prompt_cache_key"] = session
+        headers |= {"session-id": session, "thread-id": session}
+    return httpx.post(
+        f"{base}/responses", json=body, headers={**headers, **(extra or {})}, timeout=30
+    )
 
 
 def forwarded_inputs(fake: Upstream) -> list[list[dict[str, Any]]]:

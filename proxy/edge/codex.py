@@ -34,11 +34,13 @@ from proxy.edge.relay import Scope, until_disconnect
 from proxy.edge.route import Call, Route
 from proxy.errors import BadRequest, RecapError
 from proxy.history.conversation_ref import ConversationRef
-from proxy.history.identity import conversation_ref, resolve_tenant
+from proxy.history.identity import conversation_ref, is_derived, resolve_tenant
 from proxy.planning.remote import (
     CompactionRequest,
+    Holder,
     RemoteAction,
     compact_object,
+    fork_parent,
     may_hold_compaction,
     read_input,
     response_object,
@@ -113,6 +115,19 @@ class _Compaction(Route):
 
     dialect = ResponsesDialect()
     errors = dialect.errors
+
+    def holder(self, call: Call, tenant: Tenant, body: dict[str, Any]) -> Holder:
+        """The conversation the request's compaction items are presented in: the key it
+        names (its `session-id`, `prompt_cache_key`, ...), as its turns' keys are found."""
+        conv = conversation_ref(
+            call.state.config,
+            tenant,
+            call.headers,
+            body,
+            candidates=self.dialect.key_fields(body),
+            messages=[],
+        )
+        return Holder(conv.key, not is_derived(conv), fork_parent(call.headers, body))
 
     async def compact(
         self,
@@ -189,7 +204,11 @@ class ResponsesCompact(_Compaction):
             raise BadRequest("A compaction request needs a JSON body with an `input`.")
         body, kept, items = found
         history = await _remote(state).expand(
-            tenant, read_input(items).history, size=size, request_id=record.request_id
+            tenant,
+            read_input(items).history,
+            holder=self.holder(call, tenant, body),
+            size=size,
+            request_id=record.request_id,
         )
         done = await until_disconnect(
             call.receive, self.compact(call, tenant, body, kept, history, size)
@@ -234,7 +253,11 @@ class CodexGate(_Compaction):
             return
         record.tenant = tenant.name
         history = await _remote(state).expand(
-            tenant, asked.request.history, size=size, request_id=record.request_id
+            tenant,
+            asked.request.history,
+            holder=self.holder(call, tenant, body),
+            size=size,
+            request_id=record.request_id,
         )
         if not asked.request.triggered:
             record.remote = RemoteNote(RemoteAction.EXPANDED.value)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from proxy.history.identity import DERIVED_PREFIX
 from proxy.planning.framing import summary_message
 
 TRIGGER = "compaction_trigger"
@@ -73,6 +75,52 @@ def read_input(items: Sequence[Any]) -> CompactionRequest:
         len(history) != len(items),
         tuple(i for i, item in enumerate(history) if is_compaction(item)),
     )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The conversation a request presents compaction items in: its key, whether the client
+    named it (else Recap derives one from the history), and the conversation it declares
+    itself forked from (Codex's `forked_from_thread_id`), if any."""
+
+    key: str
+    named: bool
+    forked_from: str | None = None
+
+
+def belongs(item_key: str, holder: Holder) -> bool:
+    """Whether an item issued in conversation `item_key` expands in `holder`'s: its own, a
+    Codex fork of it (`codex fork` copies the history, item included, into a new session
+    that names its parent), or, when the client named no conversation either time, any
+    (derived keys are shared by every client sending the same first messages anyway)."""
+    if item_key == holder.key or holder.forked_from == item_key:
+        return True
+    return not holder.named and item_key.startswith(DERIVED_PREFIX)
+
+
+# The turn metadata Codex sends (a header, and a copy in the body's `client_metadata`) is a
+# few hundred bytes; anything far longer is not Codex's and is not read.
+_MAX_METADATA_CHARS = 16 * 1024
+
+
+def fork_parent(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+    """The session a Codex request says its thread was forked from (`forked_from_thread_id`
+    in `x-codex-turn-metadata`, the header or `client_metadata`'s copy), else None."""
+    copies: list[object] = [headers.get("x-codex-turn-metadata")]
+    client = body.get("client_metadata")
+    if isinstance(client, Mapping):
+        copies.append(client.get("x-codex-turn-metadata"))
+    for text in copies:
+        if not isinstance(text, str) or len(text) > _MAX_METADATA_CHARS:
+            continue
+        try:
+            metadata = json.loads(text)
+        except ValueError:
+            continue
+        parent = metadata.get("forked_from_thread_id") if isinstance(metadata, dict) else None
+        if isinstance(parent, str) and parent:
+            return parent
+    return None
 
 
 class Unavailable(enum.StrEnum):

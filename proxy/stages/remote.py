@@ -34,8 +34,10 @@ from proxy.planning.framing import prompt_chars
 from proxy.planning.outcome import Layer, retry_detail
 from proxy.planning.reference import BadReference, Reference, issue, verify
 from proxy.planning.remote import (
+    Holder,
     Unavailable,
     Usage,
+    belongs,
     compaction_item,
     earlier_summary_item,
     guard_view,
@@ -100,10 +102,17 @@ class RemoteCompactor:
         return self._secret
 
     async def expand(
-        self, tenant: Tenant, items: Sequence[Any], *, size: int, request_id: str
+        self,
+        tenant: Tenant,
+        items: Sequence[Any],
+        *,
+        holder: Holder,
+        size: int,
+        request_id: str,
     ) -> list[Any]:
-        """`items` with every compaction item replaced by the summary it references;
-        `size`: the bytes of the body they came from (a large one is read off the loop).
+        """`items` with every compaction item replaced by the summary it references, in
+        the conversation `holder` presents them in; `size`: the bytes of the body they came
+        from (a large one is read off the loop).
 
         At most MAX_COMPACTION_ITEMS items (else TooManyCompactionItems), and the body
         they expand to within `max_body_bytes` as the body sent is (else PayloadTooLarge):
@@ -131,7 +140,12 @@ class RemoteCompactor:
                 ref = verify(secret, tenant.name, token)
             except BadReference as exc:
                 raise InvalidReference(f"input[{i}]: {exc}.", param=f"input[{i}]") from None
-            out[i] = made[str(token)] = await self._expansion(tenant, ref, language, request_id)
+            if belongs(ref.key, holder):
+                expanded = await self._expansion(tenant, ref, language, request_id)
+            else:
+                # Another conversation's summary is not this one's to read, nor to fold.
+                expanded = self._unavailable(Unavailable.FOREIGN, ref, language, request_id)
+            out[i] = made[str(token)] = expanded
         grown = sum(_json_bytes(out[i]) - _json_bytes(items[i]) for i in at)
         limit = self.config.max_body_bytes
         if size + grown > limit:

@@ -244,3 +244,58 @@ def test_a_rolled_back_version_is_never_expanded_again(
     assert turn(base, codex.after_compaction(second, "go on")).status_code == 200
     assert forwarded_inputs(fake)[-1][4] == summary_item(stored_summary(base, 2), "English")
     assert fake.problems == []
+
+
+def forked_from(parent: str) -> dict[str, str]:
+    """The turn metadata of a thread made by `codex fork` (as Codex 0.171 sends it)."""
+    metadata = {**codex.metadata("turn"), "history_initialization": "cold_fork"}
+    return {"x-codex-turn-metadata": json.dumps({**metadata, "forked_from_thread_id": parent})}
+
+
+def test_an_item_expands_only_in_its_own_conversation_or_a_fork_of_it(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """The item names its conversation; in another one of the same tenant it is Recap's note
+    (its summary is neither forwarded nor folded there), unless that conversation says it is
+    a Codex fork of the item's."""
+    fake, _ = upstream
+    made = summaries_by_word(fake)
+    base = recap()
+    item = compact_v2(base, codex.history())
+    foreign = unavailable_item(Unavailable.FOREIGN, "English")
+    other = "01a231c1-ffff-7f53-9237-0ef3b245fc0d"
+
+    assert turn(base, codex.after_compaction(item, "go on"), session=other).status_code == 200
+    assert forwarded_inputs(fake)[-1][4] == foreign
+    compact_v2(base, codex.after_compaction(item, "go on"), session=other)
+    assert made[-1] == "SUMMARY-TWO"
+    assert "SUMMARY-ONE" not in fake.summarizer_calls()[-1]["messages"][1]["content"]
+    # A fork of another conversation is not a fork of this one.
+    r = turn(base, codex.after_compaction(item, "go on"), session=other, extra=forked_from(other))
+    assert r.status_code == 200 and forwarded_inputs(fake)[-1][4] == foreign
+
+    # `codex fork`: a new session whose metadata names the item's.
+    forked = forked_from(codex.SESSION)
+    r = turn(base, codex.after_compaction(item, "go on"), session=other, extra=forked)
+    assert r.status_code == 200
+    assert "SUMMARY-ONE" in json.dumps(forwarded_inputs(fake)[-1][4])
+    # Its own conversation, as always.
+    assert turn(base, codex.after_compaction(item, "go on")).status_code == 200
+    assert "SUMMARY-ONE" in json.dumps(forwarded_inputs(fake)[-1][4])
+    assert fake.problems == []
+
+
+def test_a_client_naming_no_conversation_keeps_its_items(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """No session header, no prompt_cache_key: Recap derives the key, and the item expands
+    on the next turn (a derived key is the only identity there is); a named conversation
+    still does not take it."""
+    fake, _ = upstream
+    summaries_by_word(fake)
+    base = recap()
+    item = compact_v2(base, codex.history(), session=None)
+    assert turn(base, codex.after_compaction(item, "go on"), session=None).status_code == 200
+    assert "SUMMARY-ONE" in json.dumps(forwarded_inputs(fake)[-1][4])
+    assert turn(base, codex.after_compaction(item, "go on")).status_code == 200
+    assert forwarded_inputs(fake)[-1][4] == unavailable_item(Unavailable.FOREIGN, "English")
