@@ -29,12 +29,14 @@ from proxy.config import Tenant
 from proxy.dialects.base import Parsed, Unparsed
 from proxy.dialects.chat import parse_json, write_json
 from proxy.dialects.responses import ResponsesDialect, server_history_key
-from proxy.edge.body import READ_BODY, ReadBody, read_request
+from proxy.edge.body import CLIENT_HISTORY, READ_BODY, ReadBody, read_request
 from proxy.edge.relay import Scope, until_disconnect
 from proxy.edge.route import Call, Route
 from proxy.errors import BadRequest, RecapError
 from proxy.history.conversation_ref import ConversationRef
 from proxy.history.identity import conversation_ref, is_derived, resolve_tenant
+from proxy.history.messages import fingerprint
+from proxy.pipeline import ClientHistory
 from proxy.planning.remote import (
     CompactionRequest,
     Holder,
@@ -56,8 +58,9 @@ log = logging.getLogger("recap.remote")
 App = Any  # an ASGI app
 
 
-def _with_body(scope: Scope, body: bytes) -> Scope:
-    """`scope` for a body Recap rewrote: its length, no Content-Encoding (it is identity)."""
+def _with_body(scope: Scope, body: bytes, client: ClientHistory | None) -> Scope:
+    """`scope` for a body Recap rewrote: its length, no Content-Encoding (it is identity),
+    and the history as the client sent it, for the archive."""
     headers = [
         (k, v)
         for k, v in scope["headers"]
@@ -67,7 +70,22 @@ def _with_body(scope: Scope, body: bytes) -> Scope:
         **scope,
         "headers": [*headers, (b"content-length", str(len(body)).encode())],
         READ_BODY: ReadBody(body, body),
+        CLIENT_HISTORY: client,
     }
+
+
+def _client_history(decoded: bytes) -> ClientHistory | None:
+    """The client's own body in the neutral view, with fingerprints: what the archive keeps
+    as sent (its compaction items, not the summaries they expand to). None: not readable
+    so (the archive then keeps the expanded history only)."""
+    parsed = ResponsesDialect().parse(decoded)
+    if not isinstance(parsed, Parsed):
+        return None
+    try:
+        fingerprints = [fingerprint(m) for m in parsed.messages]
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return ClientHistory(parsed.messages, fingerprints)
 
 
 def _input_of(decoded: bytes) -> tuple[dict[str, Any], bool, list[Any]] | None:
@@ -137,12 +155,14 @@ class _Compaction(Route):
         kept: bool,
         history: list[Any],
         size: int,
+        sent: bytes | None,
     ) -> Compacted:
+        """`sent`: the client's body, when it held compaction items (archived as sent)."""
         state, headers, record = call.state, call.headers, call.record
         remote = _remote(state)
         view = {k: v for k, v in body.items() if k != "input"} | {"input": history}
 
-        def read() -> tuple[Parsed, ConversationRef]:
+        def read() -> tuple[Parsed, ConversationRef, ClientHistory | None]:
             parsed = self.dialect.parse(write_json(view, kept))
             if not isinstance(parsed, Parsed):
                 raise BadRequest(f"This compaction request cannot be read: {parsed.detail}.")
@@ -154,9 +174,9 @@ class _Compaction(Route):
                 candidates=self.dialect.key_fields(parsed.body),
                 messages=parsed.messages,
             )
-            return parsed, conv
+            return parsed, conv, None if sent is None else _client_history(sent)
 
-        parsed, conv = await off_loop(size, read)
+        parsed, conv, client = await off_loop(size, read)
         model = body.get("model") if isinstance(body.get("model"), str) else None
         record.conversation, record.model = conv.key, model
         record.messages = len(parsed.messages)
@@ -168,6 +188,7 @@ class _Compaction(Route):
             authorization=headers.get("authorization"),
             request_id=record.request_id,
             size=size,
+            client=client,
         )
         if record.remote is not None:
             record.remote.version, record.remote.reused = done.version, done.reused
@@ -210,8 +231,9 @@ class ResponsesCompact(_Compaction):
             size=size,
             request_id=record.request_id,
         )
+        sent = decoded if read_input(items).compactions else None
         done = await until_disconnect(
-            call.receive, self.compact(call, tenant, body, kept, history, size)
+            call.receive, self.compact(call, tenant, body, kept, history, size, sent)
         )
         await call.responder.json(
             200, compact_object(_response_id(), int(time.time()), done.item, done.usage)
@@ -262,11 +284,16 @@ class CodexGate(_Compaction):
         if not asked.request.triggered:
             record.remote = RemoteNote(RemoteAction.EXPANDED.value)
             view = {**body, "input": history}
-            rewritten = await off_loop(size, lambda: write_json(view, kept))
-            await self.route(_with_body(scope, rewritten), call.receive, call.send)
+            rewritten, client = await off_loop(
+                size, lambda: (write_json(view, kept), _client_history(decoded))
+            )
+            await self.route(_with_body(scope, rewritten, client), call.receive, call.send)
             return
         record.remote = RemoteNote(RemoteAction.TRIGGER.value)
-        await until_disconnect(call.receive, self._answer(call, tenant, body, kept, history, size))
+        sent = decoded if asked.request.compactions else None
+        await until_disconnect(
+            call.receive, self._answer(call, tenant, body, kept, history, size, sent)
+        )
 
     async def _answer(
         self,
@@ -276,12 +303,13 @@ class CodexGate(_Compaction):
         kept: bool,
         history: list[Any],
         size: int,
+        sent: bytes | None,
     ) -> None:
         responder = call.responder
         model = body.get("model") if isinstance(body.get("model"), str) else None
         response_id, created = _response_id(), int(time.time())
         if body.get("stream") is not True:
-            done = await self.compact(call, tenant, body, kept, history, size)
+            done = await self.compact(call, tenant, body, kept, history, size, sent)
             await responder.json(
                 200, response_object(response_id, model, created, done.item, done.usage)
             )
@@ -290,7 +318,7 @@ class CodexGate(_Compaction):
         await responder.start_sse([(b"x-accel-buffering", b"no")])
         await responder.comment("recap compacting")
         try:
-            done = await self.compact(call, tenant, body, kept, history, size)
+            done = await self.compact(call, tenant, body, kept, history, size, sent)
         except RecapError as err:
             call.record.error = err.code
             await responder.chunk(_failed(response_id, model, created, err))

@@ -29,6 +29,7 @@ from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import BadRequest, CompactionFailed, Conflict, PayloadTooLarge
 from proxy.history.messages import Message, chain_of, fingerprint, is_pinned, split_pinned
 from proxy.history.tokens import TokenCounter
+from proxy.pipeline import ClientHistory
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
 from proxy.planning.outcome import Layer, retry_detail
@@ -206,11 +207,13 @@ class RemoteCompactor:
         authorization: str | None,
         request_id: str,
         size: int,
+        client: ClientHistory | None = None,
     ) -> Compacted:
         """One summary version standing for the history `messages` (the neutral view of
         an input whose compaction items are already expanded), and the compaction item
         referencing it. As for session summaries, the leading instructions are not in it
-        and later ones are not summarised. `size`: the bytes of the request's body; for a
+        and later ones are not summarised. `client`: the history as the client sent it,
+        when it held compaction items (archived too). `size`: the bytes of the request's body; for a
         large one the history is hashed, counted and rendered off the event loop
         (proxy.stages.offload). Raises Conflict (nothing to compact) or CompactionFailed
         (the summarizer failed)."""
@@ -218,7 +221,7 @@ class RemoteCompactor:
         def count(text: str) -> int:
             return self.counter.count_text(text, model)
 
-        history = await off_loop(size, lambda: _weigh(messages, count))
+        history = await off_loop(size, lambda: _weigh(messages, count, client))
         body = history.body
         if not any(not is_pinned(m) for m in body):
             raise Conflict("Nothing to compact: the input holds only instructions.")
@@ -396,15 +399,27 @@ class _History:
     language: str
 
 
-def _weigh(messages: Sequence[Message], count: Callable[[str], int]) -> _History:
+def _weigh(
+    messages: Sequence[Message], count: Callable[[str], int], client: ClientHistory | None
+) -> _History:
     _, body = split_pinned(messages)
     rows = [(fingerprint(m), message_json(m)) for m in body]
+    chars = sum(len(text) for _, text in rows)
+    chain = chain_of([fp for fp, _ in rows])
+    if client is not None:
+        # The client's own messages too (its compaction items): lossless on disk.
+        have = {fp for fp, _ in rows}
+        rows += [
+            (fp, message_json(m))
+            for fp, m in zip(client.fingerprints, client.messages, strict=True)
+            if fp not in have
+        ]
     return _History(
         body=body,
-        chain=chain_of([fp for fp, _ in rows]),
+        chain=chain,
         rows=rows,
         tokens=count(render_transcript(body, 1 << 30)),
-        chars=sum(len(text) for _, text in rows),
+        chars=chars,
         language=detect_language(body),
     )
 

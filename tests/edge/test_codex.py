@@ -292,3 +292,55 @@ def test_metrics_count_what_remote_compaction_did(
     assert 'recap_remote_compactions_total{action="trigger",reused="false"} 1.0' in text
     assert 'recap_remote_compactions_total{action="trigger",reused="true"} 1.0' in text
     assert 'recap_remote_compactions_total{action="expanded",reused=""} 1.0' in text
+
+
+def exported(base: str, key: str = codex.SESSION) -> list[dict[str, Any]]:
+    r = httpx.get(
+        f"{base}/recap/conversations/{key}/archive",
+        headers={"authorization": "Bearer key-a"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.text.splitlines()]
+
+
+def items_of(lines: list[dict[str, Any]], fingerprints: list[str]) -> list[dict[str, Any]]:
+    """The Responses input items the archived neutral messages were parsed from."""
+    messages = {line["fingerprint"]: line["message"] for line in lines if line["type"] == "message"}
+    return [item for fp in fingerprints for item in messages[fp].get("recap_items", [])]
+
+
+def test_the_archive_holds_the_compaction_item_the_client_sent_and_the_summary_sent_upstream(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """Lossless on disk: the request event's messages are what Codex sent (its compaction
+    item, not the summary it stands for), and `sent` is what went upstream (the summary)."""
+    fake, _ = upstream
+    base = recap()
+    item = compact_v2(base, codex.history())
+    asked = codex.after_compaction(item, "Now also run the linter")
+    assert turn(base, asked, stream=False).status_code == 200
+    (forwarded,) = forwarded_inputs(fake)
+    lines = exported(base)
+    (request,) = [line["payload"] for line in lines if line["type"] == "request"]
+    assert items_of(lines, request["messages"]) == asked
+    assert request["sent"] is not None
+    assert items_of(lines, request["sent"]) == forwarded
+    assert "recap1." not in json.dumps(forwarded)
+
+
+def test_a_compaction_over_a_compaction_item_archives_the_item_as_sent(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """A trigger whose history holds an earlier item: the summary stands for the expanded
+    history, and the archive keeps the history as Codex sent it too, item included."""
+    base = recap()
+    item = compact_v2(base, codex.history())
+    compact_v2(base, codex.after_compaction(item, "Now also run the linter"))
+    archived = [
+        i
+        for line in exported(base)
+        if line["type"] == "message"
+        for i in line["message"].get("recap_items", [])
+    ]
+    assert item in archived
