@@ -38,6 +38,7 @@ TESTED_ELSEWHERE = {
     "stages/audit.py": "tests/store/test_store.py",
     "stages/calibration.py": "tests/edge/test_overflow.py",
     "stages/estimate.py": "tests/stages/test_session.py",
+    "stages/expansion.py": "tests/edge/test_codex_references.py",
     "stages/manual.py": "tests/edge/test_operator.py",
     "stages/remote.py": "tests/edge/test_codex.py",
     "stages/trim.py": "tests/planning/test_trim.py",

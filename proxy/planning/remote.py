@@ -7,7 +7,8 @@ that item in later inputs. Recap answers with a reference to a summary it stored
 (`reference.py`) and, when the item comes back, puts the summary in its place as a
 `user` message framed as a quoted record, never as instructions.
 
-Everything here is a function of its arguments: `proxy/remote_compaction.py` does the IO.
+Everything here is a function of its arguments: `proxy/stages/remote.py` and
+`proxy/stages/expansion.py` do the IO.
 """
 
 from __future__ import annotations

@@ -1,22 +1,21 @@
-"""Codex remote compaction, the IO part: make and keep the summary, expand references.
+"""Codex remote compaction, the IO part: make and keep the summary; expand references.
 
     compact(history)  under the conversation's lock: reuse a stored version covering
                       exactly this history, else archive the originals, summarise them
                       (folding into a stored version covering a prefix, if any), store
-                      a new version (reason `remote`), audit it; then the reference
-    expand(input)     each compaction item Recap issued -> the summary it names, as a
-                      user message in its place; anything else a compaction item holds
-                      -> BadReference (the route answers 400)
+                      a new version (reason `remote`), audit it; then the reference.
+                      A large history is hashed, counted and rendered off the loop.
+    expand(input)     each compaction item -> what it stands for now, in its place
+                      (proxy/stages/expansion.py)
 
 The summary versions are the conversation's session summaries (same table, same
 rules): the operator routes and CLI list them, roll them back and export them. The
-pure parts are `compaction/remote.py` (items) and `compaction/reference.py` (the MAC).
+pure parts are `planning/remote.py` (items) and `planning/reference.py` (the MAC).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,28 +25,23 @@ from typing import Any
 from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
 from proxy.dialects.responses import ResponsesDialect
-from proxy.errors import BadRequest, CompactionFailed, Conflict, PayloadTooLarge
+from proxy.errors import CompactionFailed, Conflict
 from proxy.history.messages import Message, chain_of, fingerprint, is_pinned, split_pinned
 from proxy.history.tokens import TokenCounter
 from proxy.pipeline import ClientHistory
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
 from proxy.planning.outcome import Layer, retry_detail
-from proxy.planning.reference import BadReference, Reference, issue, verify
+from proxy.planning.reference import Reference, issue
 from proxy.planning.remote import (
     Holder,
-    Unavailable,
     Usage,
-    belongs,
     compaction_item,
-    earlier_summary_item,
     guard_view,
-    is_compaction,
-    summary_item,
-    unavailable_item,
 )
 from proxy.planning.transcript import detect_language, render_transcript, render_within
 from proxy.stages.audit import audit
+from proxy.stages.expansion import Expander
 from proxy.stages.offload import off_loop
 from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
@@ -59,18 +53,6 @@ from proxy.stages.summarize import (
 from proxy.store.base import CompactionRecord, ConversationRef, NewSummary, Store
 
 log = logging.getLogger("recap.remote")
-
-# Compaction items one request may carry. Codex sends one (its history after a compaction
-# holds the newest item only); each expands to a whole summary, so the count is bounded.
-MAX_COMPACTION_ITEMS = 16
-
-
-class InvalidReference(BadRequest):
-    code = "invalid_compaction_reference"
-
-
-class TooManyCompactionItems(BadRequest):
-    code = "too_many_compaction_items"
 
 
 @dataclass(frozen=True)
@@ -96,6 +78,7 @@ class RemoteCompactor:
         self.scenes = scenes
         self.counter = counter
         self._secret = config.compaction_secret.encode() if config.compaction_secret else b""
+        self._expander = Expander(config, store, self.secret)
 
     async def secret(self) -> bytes:
         if not self._secret:
@@ -111,91 +94,10 @@ class RemoteCompactor:
         size: int,
         request_id: str,
     ) -> list[Any]:
-        """`items` with every compaction item replaced by the summary it references, in
-        the conversation `holder` presents them in; `size`: the bytes of the body they came
-        from (a large one is read off the loop).
-
-        At most MAX_COMPACTION_ITEMS items (else TooManyCompactionItems), and the body
-        they expand to within `max_body_bytes` as the body sent is (else PayloadTooLarge):
-        one item of 230 bytes stands for a whole summary."""
-        out = list(items)
-        at = [i for i, item in enumerate(items) if is_compaction(item)]
-        if not at:
-            return out
-        if len(at) > MAX_COMPACTION_ITEMS:
-            raise TooManyCompactionItems(
-                f"This input holds {len(at)} compaction items; a request may carry at most"
-                f" {MAX_COMPACTION_ITEMS} (Codex sends one).",
-                param="input",
-            )
-        secret = await self.secret()
-        language = await off_loop(size, lambda: _language(items)) or "en"
-        # The same item sent twice is looked up once.
-        made: dict[str, dict[str, Any]] = {}
-        for i in at:
-            token = items[i].get("encrypted_content")
-            if isinstance(token, str) and token in made:
-                out[i] = made[token]
-                continue
-            try:
-                ref = verify(secret, tenant.name, token)
-            except BadReference as exc:
-                raise InvalidReference(f"input[{i}]: {exc}.", param=f"input[{i}]") from None
-            if belongs(ref.key, holder):
-                expanded = await self._expansion(tenant, ref, language, request_id)
-            else:
-                # Another conversation's summary is not this one's to read, nor to fold.
-                expanded = self._unavailable(Unavailable.FOREIGN, ref, language, request_id)
-            out[i] = made[str(token)] = expanded
-        grown = sum(_json_bytes(out[i]) - _json_bytes(items[i]) for i in at)
-        limit = self.config.max_body_bytes
-        if size + grown > limit:
-            raise PayloadTooLarge(
-                f"Request body is over the proxy's limit of {limit} bytes once its compaction"
-                " items are expanded.",
-                param="input",
-            )
-        return out
-
-    async def _expansion(
-        self, tenant: Tenant, ref: Reference, language: str, request_id: str
-    ) -> dict[str, Any]:
-        """What one verified reference expands to, as the store holds it now (read on every
-        request: an operator's prune or rollback, from this process or another, holds at
-        once). A version the store no longer has (pruned, or the store was replaced; the
-        boundary hash tells a later version of the same number apart) is Recap's note
-        that the earlier context is gone. A version an operator rolled back past is never
-        used again (docs/operating.md): in its place the newest earlier version still in
-        use (the one the rollback went back to), after Recap's note that it is an earlier
-        one; none (a rollback to none): Recap's note that the summary was withdrawn."""
-        conv = ConversationRef(tenant.name, ref.key)
-        found = await self.store.summary_version(conv, ref.version)
-        if found is None or found.boundary_hash != ref.boundary_hash:
-            return self._unavailable(Unavailable.GONE, ref, language, request_id)
-        if not found.rolled_back:
-            return summary_item(found.summary, language)
-        versions = await self.store.summary_versions(conv)
-        kept = [v for v in versions if v.version < ref.version and not v.rolled_back]
-        if not kept:
-            return self._unavailable(Unavailable.WITHDRAWN, ref, language, request_id)
-        log.warning(
-            "compaction item of version %d rolled back: expanded to version %d",
-            ref.version,
-            kept[-1].version,
-            extra={"request_id": request_id},
+        """`items` with each compaction item expanded (proxy/stages/expansion.py)."""
+        return await self._expander.expand(
+            tenant, items, holder=holder, size=size, request_id=request_id
         )
-        return earlier_summary_item(kept[-1].summary, language)
-
-    def _unavailable(
-        self, why: Unavailable, ref: Reference, language: str, request_id: str
-    ) -> dict[str, Any]:
-        log.warning(
-            "compaction item of version %d not expanded (%s): Recap's note in its place",
-            ref.version,
-            why.value,
-            extra={"request_id": request_id},
-        )
-        return unavailable_item(why, language)
 
     async def compact(
         self,
@@ -442,29 +344,3 @@ def _batches(
         spans.append((a, b))
         a = b
     return spans
-
-
-def _json_bytes(item: Any) -> int:
-    """An item's size in a body (UTF-8 JSON, as clients write it)."""
-    return len(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode())
-
-
-def _language(items: Sequence[Any]) -> str:
-    """The language of the user's text in `items` (for the summary frame)."""
-    return detect_language(
-        [{"role": "user", "content": text} for item in items if (text := _texts(item))]
-    )
-
-
-def _texts(item: Any) -> str:
-    """The text of a user message item (for the summary frame's language)."""
-    if not isinstance(item, Mapping) or item.get("role") != "user":
-        return ""
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
-        )
-    return ""

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.stages.remote import MAX_COMPACTION_ITEMS
+from proxy.stages.expansion import MAX_COMPACTION_ITEMS
 from tests import codex_bodies as codex
 from tests.codex_servers import (
     Recaps,
