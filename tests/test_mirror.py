@@ -33,7 +33,6 @@ TESTED_ELSEWHERE = {
     "ops/ansi.py": "tests/ops/test_logs.py",
     "ops/tail.py": "tests/ops/test_logs.py",
     "ops/tail_fields.py": "tests/ops/test_logs.py",
-    "planning/remote.py": "tests/planning/test_reference.py",
     "stages/archive.py": "tests/archive/test_archive_fidelity.py",
     "stages/audit.py": "tests/store/test_store.py",
     "stages/calibration.py": "tests/edge/test_overflow.py",
