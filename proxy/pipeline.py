@@ -43,6 +43,17 @@ async def _no_notify(_: str) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class ClientHistory:
+    """The history as the client sent it, where a layer before the route rewrote it (Codex's
+    compaction items expanded to their summaries: proxy/edge/codex.py), with each message's
+    fingerprint. The archive records these as the client's messages; the rewritten ones
+    (the Exchange's `original`) are what the planners work on and what was sent."""
+
+    messages: list[Message]
+    fingerprints: list[str]
+
+
 @dataclass
 class Exchange:
     """One request on its way through the proxy; `messages` is its history in the
@@ -86,6 +97,8 @@ class Exchange:
     unarchived: list[tuple[str, str]] | None = None
     archive_now: Callable[[], Awaitable[None]] | None = None
     archive_failed: bool = False
+    # Set when the client's own history differs from `original` (see ClientHistory).
+    client_history: ClientHistory | None = None
 
     def __post_init__(self) -> None:
         if not self.messages and isinstance(self.dialect, ChatDialect):

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import build_stages, create_app
+from proxy.app import build_stages
 from proxy.config import Config, parse_config
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.responses import ResponsesDialect
@@ -28,7 +28,7 @@ from proxy.edge.metrics import route_of
 from proxy.ops.cli import build_parser
 from proxy.record import RequestRecord
 from tests.fake_responses import FakeResponses
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 pytestmark = pytest.mark.quick
 
@@ -210,7 +210,7 @@ def test_every_route_the_docs_name_is_served(tmp_path: Path) -> None:
         base_dir=str(tmp_path),
     )
     admin = {"authorization": "Bearer docs-admin-key"}
-    with serve(create_app(config)) as url:
+    with serve(recap_app(config)) as url:
         for method, path in routes:
             concrete = path.replace("{key}", "no-such-conversation")
             body = {"version": None} if path.endswith("/rollback") else None
@@ -289,7 +289,7 @@ def test_the_readme_agents_sdk_snippet_runs_through_recap(tmp_path: Path) -> Non
             env={},
             base_dir=str(tmp_path),
         )
-        with serve(create_app(config)) as url:
+        with serve(recap_app(config)) as url:
             code = code.replace("http://127.0.0.1:8080", url)
             env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
             run = subprocess.run(

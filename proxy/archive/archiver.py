@@ -179,6 +179,14 @@ class Archiver:
         sent = [ex.measure.fingerprint(m) for m in ex.messages] if ex.changed else ex.fingerprints
         if ex.changed:
             rows += self.missing(conv, sent, ex.messages)
+        # The client's own messages, where a layer before the route rewrote them (Codex's
+        # compaction items): those are what the client sent; what went upstream is `sent`.
+        client = ex.client_history
+        if client is not None:
+            have = {fp for fp, _ in rows}
+            pairs = zip(client.fingerprints, client.messages, strict=True)
+            own = [(fp, m) for fp, m in pairs if fp not in have]
+            rows += self.missing(conv, [fp for fp, _ in own], [m for _, m in own])
         params_fp, params_json = request_params(ex.params, ex.body_bytes or None)
         params = [] if params_fp in self._known.known(conv) else [(params_fp, params_json)]
         events: list[tuple[EventType, Mapping[str, Any]]] = [
@@ -189,11 +197,11 @@ class Archiver:
                     "classification": ex.classification.value,
                     "model": ex.model,
                     "stream": ex.stream,
-                    "messages": ex.fingerprints,
+                    "messages": ex.fingerprints if client is None else client.fingerprints,
                     # the request's other fields, archived once (`request_params`)
                     "params": params_fp,
                     # null: sent exactly as the client sent it (no second copy of the list)
-                    "sent": sent if ex.changed else None,
+                    "sent": sent if ex.changed or client is not None else None,
                     "layers": ex.layers,
                     # What each layer did (the log line's `compactions`), from the
                     # typed outcomes; the session summary now applied, if any.

@@ -36,6 +36,9 @@ class Incoming:
 # Where a layer in front of a route (remote_routes.CodexGate) leaves in the scope the body
 # it read, so that the route does not read it again.
 READ_BODY = "recap.read_body"
+# Where such a layer that rewrote the body leaves the history as the client sent it
+# (`pipeline.ClientHistory`), for the archive.
+CLIENT_HISTORY = "recap.client_history"
 
 
 @dataclass(frozen=True)

@@ -22,26 +22,34 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import Tenant
 from proxy.dialects.base import Parsed, Unparsed
 from proxy.dialects.chat import parse_json, write_json
 from proxy.dialects.responses import ResponsesDialect, server_history_key
-from proxy.edge.body import READ_BODY, ReadBody, read_request
+from proxy.edge.body import CLIENT_HISTORY, READ_BODY, ReadBody, read_request
 from proxy.edge.relay import Scope, until_disconnect
 from proxy.edge.route import Call, Route
 from proxy.errors import BadRequest, RecapError
-from proxy.history.identity import conversation_ref, resolve_tenant
+from proxy.history.conversation_ref import ConversationRef
+from proxy.history.identity import conversation_ref, is_derived, resolve_tenant
+from proxy.history.messages import fingerprint
+from proxy.pipeline import ClientHistory
 from proxy.planning.remote import (
+    CompactionRequest,
+    Holder,
     RemoteAction,
     compact_object,
+    fork_parent,
     may_hold_compaction,
     read_input,
     response_object,
     stream_events,
 )
 from proxy.record import RemoteNote
+from proxy.stages.offload import off_loop
 from proxy.stages.remote import Compacted, RemoteCompactor
 from proxy.state import AppState
 
@@ -50,8 +58,9 @@ log = logging.getLogger("recap.remote")
 App = Any  # an ASGI app
 
 
-def _with_body(scope: Scope, body: bytes) -> Scope:
-    """`scope` for a body Recap rewrote: its length, no Content-Encoding (it is identity)."""
+def _with_body(scope: Scope, body: bytes, client: ClientHistory | None) -> Scope:
+    """`scope` for a body Recap rewrote: its length, no Content-Encoding (it is identity),
+    and the history as the client sent it, for the archive."""
     headers = [
         (k, v)
         for k, v in scope["headers"]
@@ -61,14 +70,27 @@ def _with_body(scope: Scope, body: bytes) -> Scope:
         **scope,
         "headers": [*headers, (b"content-length", str(len(body)).encode())],
         READ_BODY: ReadBody(body, body),
+        CLIENT_HISTORY: client,
     }
 
 
-def _input_of(decoded: bytes | None) -> tuple[dict[str, Any], bool, list[Any]] | None:
+def _client_history(decoded: bytes) -> ClientHistory | None:
+    """The client's own body in the neutral view, with fingerprints: what the archive keeps
+    as sent (its compaction items, not the summaries they expand to). None: not readable
+    so (the archive then keeps the expanded history only)."""
+    parsed = ResponsesDialect().parse(decoded)
+    if not isinstance(parsed, Parsed):
+        return None
+    try:
+        fingerprints = [fingerprint(m) for m in parsed.messages]
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return ClientHistory(parsed.messages, fingerprints)
+
+
+def _input_of(decoded: bytes) -> tuple[dict[str, Any], bool, list[Any]] | None:
     """The body, whether it keeps numbers as written, and its input items; None when
     this is not a body remote compaction reads (the route decides what to do with it)."""
-    if decoded is None:
-        return None
     loaded = parse_json(decoded)
     if isinstance(loaded, Unparsed):
         return None
@@ -81,11 +103,49 @@ def _input_of(decoded: bytes | None) -> tuple[dict[str, Any], bool, list[Any]] |
     return body, kept, items
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """A `/v1/responses` body that asks for remote compaction: the body, whether it keeps
+    numbers as written, and what its input asks."""
+
+    body: dict[str, Any]
+    kept: bool
+    request: CompactionRequest
+
+
+def _asked(decoded: bytes) -> _Asked | None:
+    """What the body asks of remote compaction; None when it asks nothing (no trigger, no
+    compaction item) or is not a body it reads. Parses: off the loop for a large body."""
+    if not may_hold_compaction(decoded):
+        return None
+    found = _input_of(decoded)
+    if found is None:
+        return None
+    body, kept, items = found
+    request = read_input(items)
+    if not (request.triggered or request.compactions):
+        return None
+    return _Asked(body, kept, request)
+
+
 class _Compaction(Route):
     """What both routes share: expand, then compact and answer."""
 
     dialect = ResponsesDialect()
     errors = dialect.errors
+
+    def holder(self, call: Call, tenant: Tenant, body: dict[str, Any]) -> Holder:
+        """The conversation the request's compaction items are presented in: the key it
+        names (its `session-id`, `prompt_cache_key`, ...), as its turns' keys are found."""
+        conv = conversation_ref(
+            call.state.config,
+            tenant,
+            call.headers,
+            body,
+            candidates=self.dialect.key_fields(body),
+            messages=[],
+        )
+        return Holder(conv.key, not is_derived(conv), fork_parent(call.headers, body))
 
     async def compact(
         self,
@@ -94,21 +154,29 @@ class _Compaction(Route):
         body: dict[str, Any],
         kept: bool,
         history: list[Any],
+        size: int,
+        sent: bytes | None,
     ) -> Compacted:
+        """`sent`: the client's body, when it held compaction items (archived as sent)."""
         state, headers, record = call.state, call.headers, call.record
         remote = _remote(state)
         view = {k: v for k, v in body.items() if k != "input"} | {"input": history}
-        parsed = self.dialect.parse(write_json(view, kept))
-        if not isinstance(parsed, Parsed):
-            raise BadRequest(f"This compaction request cannot be read: {parsed.detail}.")
-        conv = conversation_ref(
-            state.config,
-            tenant,
-            headers,
-            parsed.body,
-            candidates=self.dialect.key_fields(parsed.body),
-            messages=parsed.messages,
-        )
+
+        def read() -> tuple[Parsed, ConversationRef, ClientHistory | None]:
+            parsed = self.dialect.parse(write_json(view, kept))
+            if not isinstance(parsed, Parsed):
+                raise BadRequest(f"This compaction request cannot be read: {parsed.detail}.")
+            conv = conversation_ref(
+                state.config,
+                tenant,
+                headers,
+                parsed.body,
+                candidates=self.dialect.key_fields(parsed.body),
+                messages=parsed.messages,
+            )
+            return parsed, conv, None if sent is None else _client_history(sent)
+
+        parsed, conv, client = await off_loop(size, read)
         model = body.get("model") if isinstance(body.get("model"), str) else None
         record.conversation, record.model = conv.key, model
         record.messages = len(parsed.messages)
@@ -119,6 +187,8 @@ class _Compaction(Route):
             model=model,
             authorization=headers.get("authorization"),
             request_id=record.request_id,
+            size=size,
+            client=client,
         )
         if record.remote is not None:
             record.remote.version, record.remote.reused = done.version, done.reused
@@ -146,12 +216,25 @@ class ResponsesCompact(_Compaction):
         record.tenant = tenant.name
         record.remote = RemoteNote(RemoteAction.COMPACT.value)
         read = await read_request(call.scope, call.receive, state.config.max_body_bytes)
-        found = _input_of(read.decoded)
+        decoded = read.decoded
+        if decoded is None:
+            raise BadRequest("A compaction request needs a JSON body with an `input`.")
+        size = len(decoded)
+        found = await off_loop(size, lambda: _input_of(decoded))
         if found is None:
             raise BadRequest("A compaction request needs a JSON body with an `input`.")
         body, kept, items = found
-        history = await _remote(state).expand(tenant, read_input(items).history)
-        done = await until_disconnect(call.receive, self.compact(call, tenant, body, kept, history))
+        history = await _remote(state).expand(
+            tenant,
+            read_input(items).history,
+            holder=self.holder(call, tenant, body),
+            size=size,
+            request_id=record.request_id,
+        )
+        sent = decoded if read_input(items).compactions else None
+        done = await until_disconnect(
+            call.receive, self.compact(call, tenant, body, kept, history, size, sent)
+        )
         await call.responder.json(
             200, compact_object(_response_id(), int(time.time()), done.item, done.usage)
         )
@@ -174,15 +257,13 @@ class CodexGate(_Compaction):
             await self.route(scope, call.receive, call.send)
             return
         read = await read_request(scope, call.receive, state.config.max_body_bytes)
-        found = None
-        if read.decoded is not None and may_hold_compaction(read.decoded):
-            found = _input_of(read.decoded)
-        asked = read_input(found[2]) if found is not None else None
-        if found is None or asked is None or not (asked.triggered or asked.compactions):
+        decoded = read.decoded
+        asked = None if decoded is None else await off_loop(len(decoded), lambda: _asked(decoded))
+        if decoded is None or asked is None:
             scope[READ_BODY] = read  # the route reads it from here, not again
             await self.route(scope, call.receive, call.send)
             return
-        body, kept, _ = found
+        body, kept, size = asked.body, asked.kept, len(decoded)
         if server_history_key(body) is not None:
             # The upstream holds the history: Recap cannot compact or expand it.
             log.info(
@@ -193,14 +274,26 @@ class CodexGate(_Compaction):
             await self.route(scope, call.receive, call.send)
             return
         record.tenant = tenant.name
-        history = await _remote(state).expand(tenant, asked.history)
-        if not asked.triggered:
+        history = await _remote(state).expand(
+            tenant,
+            asked.request.history,
+            holder=self.holder(call, tenant, body),
+            size=size,
+            request_id=record.request_id,
+        )
+        if not asked.request.triggered:
             record.remote = RemoteNote(RemoteAction.EXPANDED.value)
-            rewritten = write_json({**body, "input": history}, kept)
-            await self.route(_with_body(scope, rewritten), call.receive, call.send)
+            view = {**body, "input": history}
+            rewritten, client = await off_loop(
+                size, lambda: (write_json(view, kept), _client_history(decoded))
+            )
+            await self.route(_with_body(scope, rewritten, client), call.receive, call.send)
             return
         record.remote = RemoteNote(RemoteAction.TRIGGER.value)
-        await until_disconnect(call.receive, self._answer(call, tenant, body, kept, history))
+        sent = decoded if asked.request.compactions else None
+        await until_disconnect(
+            call.receive, self._answer(call, tenant, body, kept, history, size, sent)
+        )
 
     async def _answer(
         self,
@@ -209,12 +302,14 @@ class CodexGate(_Compaction):
         body: dict[str, Any],
         kept: bool,
         history: list[Any],
+        size: int,
+        sent: bytes | None,
     ) -> None:
         responder = call.responder
         model = body.get("model") if isinstance(body.get("model"), str) else None
         response_id, created = _response_id(), int(time.time())
         if body.get("stream") is not True:
-            done = await self.compact(call, tenant, body, kept, history)
+            done = await self.compact(call, tenant, body, kept, history, size, sent)
             await responder.json(
                 200, response_object(response_id, model, created, done.item, done.usage)
             )
@@ -223,7 +318,7 @@ class CodexGate(_Compaction):
         await responder.start_sse([(b"x-accel-buffering", b"no")])
         await responder.comment("recap compacting")
         try:
-            done = await self.compact(call, tenant, body, kept, history)
+            done = await self.compact(call, tenant, body, kept, history, size, sent)
         except RecapError as err:
             call.record.error = err.code
             await responder.chunk(_failed(response_id, model, created, err))

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from proxy.config import Tenant
 from proxy.dialects.base import Dialect, Parsed, PassReason, Unparsed
-from proxy.edge.body import Incoming, read_request
+from proxy.edge.body import CLIENT_HISTORY, Incoming, read_request
 from proxy.edge.route import Call
 from proxy.history.identity import conversation_ref
 from proxy.history.measure import Measure
@@ -88,6 +88,7 @@ async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incomin
         control=control_of(call.headers),
         body_bytes=len(incoming.decoded),
         record=record,
+        client_history=call.scope.get(CLIENT_HISTORY),
     )
     record.conversation = conv.key
     record.model = model

@@ -1,47 +1,50 @@
-"""Codex remote compaction, the IO part: make and keep the summary, expand references.
+"""Codex remote compaction, the IO part: make and keep the summary; expand references.
 
     compact(history)  under the conversation's lock: reuse a stored version covering
                       exactly this history, else archive the originals, summarise them
                       (folding into a stored version covering a prefix, if any), store
-                      a new version (reason `remote`), audit it; then the reference
-    expand(input)     each compaction item Recap issued -> the summary it names, as a
-                      user message in its place; anything else a compaction item holds
-                      -> BadReference (the route answers 400)
+                      a new version (reason `remote`), audit it; then the reference.
+                      A large history is hashed, counted and rendered off the loop.
+    expand(input)     each compaction item -> what it stands for now, in its place
+                      (proxy/stages/expansion.py)
 
 The summary versions are the conversation's session summaries (same table, same
 rules): the operator routes and CLI list them, roll them back and export them. The
-pure parts are `compaction/remote.py` (items) and `compaction/reference.py` (the MAC).
+pure parts are `planning/remote.py` (items) and `planning/reference.py` (the MAC).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
 from proxy.dialects.responses import ResponsesDialect
-from proxy.errors import BadRequest, CompactionFailed, Conflict
-from proxy.history.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
+from proxy.errors import CompactionFailed, Conflict
+from proxy.history.messages import Message, chain_of, fingerprint, is_pinned, split_pinned
 from proxy.history.tokens import TokenCounter
+from proxy.pipeline import ClientHistory
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
 from proxy.planning.guard import Earlier
 from proxy.planning.outcome import Layer, retry_detail
-from proxy.planning.reference import BadReference, Reference, issue, verify
+from proxy.planning.reference import Reference, issue
 from proxy.planning.remote import (
+    Holder,
     Usage,
     compaction_item,
-    is_compaction,
+    guard_view,
     recognised,
-    summary_item,
 )
 from proxy.planning.transcript import detect_language, render_transcript, render_within
 from proxy.stages.audit import audit
+from proxy.stages.expansion import Expander
+from proxy.stages.offload import off_loop
 from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
     MIN_TRANSCRIPT_TOKENS,
@@ -52,14 +55,6 @@ from proxy.stages.summarize import (
 from proxy.store.base import CompactionRecord, ConversationRef, NewSummary, Store
 
 log = logging.getLogger("recap.remote")
-
-# Summary texts of references seen lately, by (tenant, key, version, boundary): a stored
-# version never changes, and every Codex request after a compaction carries its item.
-_CACHE_SIZE = 1024
-
-
-class InvalidReference(BadRequest):
-    code = "invalid_compaction_reference"
 
 
 @dataclass(frozen=True)
@@ -85,60 +80,26 @@ class RemoteCompactor:
         self.scenes = scenes
         self.counter = counter
         self._secret = config.compaction_secret.encode() if config.compaction_secret else b""
-        self._summaries: OrderedDict[tuple[str, str, int, str], str] = OrderedDict()
+        self._expander = Expander(config, store, self.secret)
 
     async def secret(self) -> bytes:
         if not self._secret:
             self._secret = await self.store.deployment_secret()
         return self._secret
 
-    async def expand(self, tenant: Tenant, items: Sequence[Any]) -> list[Any]:
-        """`items` with every compaction item replaced by the summary it references."""
-        out = list(items)
-        secret = await self.secret()
-        language = ""
-        if any(is_compaction(item) for item in items):
-            language = detect_language(
-                [{"role": "user", "content": _texts(item)} for item in items if _texts(item)]
-            )
-        for i, item in enumerate(items):
-            if not is_compaction(item):
-                continue
-            try:
-                ref = verify(secret, tenant.name, item.get("encrypted_content"))
-            except BadReference as exc:
-                raise InvalidReference(f"input[{i}]: {exc}.", param=f"input[{i}]") from None
-            summary = await self._summary(tenant, ref)
-            if summary is None:
-                raise InvalidReference(
-                    f"input[{i}]: this compaction item refers to a summary Recap does not have"
-                    " (deleted, or from another store).",
-                    param=f"input[{i}]",
-                )
-            out[i] = summary_item(summary, language or "en")
-        return out
-
-    async def _summary(self, tenant: Tenant, ref: Reference) -> str | None:
-        cache_key = (tenant.name, ref.key, ref.version, ref.boundary_hash)
-        hit = self._summaries.get(cache_key)
-        if hit is not None:
-            self._summaries.move_to_end(cache_key)
-            return hit
-        versions = await self.store.summary_versions(ConversationRef(tenant.name, ref.key))
-        found = next(
-            (
-                v
-                for v in versions
-                if v.version == ref.version and v.boundary_hash == ref.boundary_hash
-            ),
-            None,
+    async def expand(
+        self,
+        tenant: Tenant,
+        items: Sequence[Any],
+        *,
+        holder: Holder,
+        size: int,
+        request_id: str,
+    ) -> list[Any]:
+        """`items` with each compaction item expanded (proxy/stages/expansion.py)."""
+        return await self._expander.expand(
+            tenant, items, holder=holder, size=size, request_id=request_id
         )
-        if found is None:
-            return None
-        self._summaries[cache_key] = found.summary
-        if len(self._summaries) > _CACHE_SIZE:
-            self._summaries.popitem(last=False)
-        return found.summary
 
     async def compact(
         self,
@@ -149,19 +110,28 @@ class RemoteCompactor:
         model: str | None,
         authorization: str | None,
         request_id: str,
+        size: int,
+        client: ClientHistory | None = None,
     ) -> Compacted:
         """One summary version standing for the history `messages` (the neutral view of
         an input whose compaction items are already expanded), and the compaction item
         referencing it. As for session summaries, the leading instructions are not in it
-        and later ones are not summarised. Raises Conflict (nothing to compact) or
-        CompactionFailed (the summarizer failed)."""
-        _, body = split_pinned(messages)
+        and later ones are not summarised. `client`: the history as the client sent it,
+        when it held compaction items (archived too). `size`: the bytes of the request's body; for a
+        large one the history is hashed, counted and rendered off the event loop
+        (proxy.stages.offload). Raises Conflict (nothing to compact) or CompactionFailed
+        (the summarizer failed)."""
+
+        def count(text: str) -> int:
+            return self.counter.count_text(text, model)
+
+        history = await off_loop(size, lambda: _weigh(messages, count, client))
+        body = history.body
         if not any(not is_pinned(m) for m in body):
             raise Conflict("Nothing to compact: the input holds only instructions.")
-        chain = chain_hashes(body)
+        chain, before = history.chain, history.tokens
         secret = await self.secret()
         policy = tenant.compaction.session
-        before = self.counter.count_text(render_transcript(body, 1 << 30), model)
         async with self.store.conversation_lock(conv):
             prior = await self.store.matching_summary(conv, chain)
             if prior is not None and prior.covered == len(body):
@@ -171,19 +141,12 @@ class RemoteCompactor:
                 )
             start = time.perf_counter()
             # The originals first: a summary never exists whose originals are missing.
-            await self.store.archive_messages(
-                conv, [(fingerprint(m), message_json(m)) for m in body]
-            )
+            await self.store.archive_messages(conv, history.rows)
             summary = prior.summary if prior is not None else ""
             begin = prior.covered if prior is not None else 0
             scene = self.scenes[tenant.name].get(policy.scene)
-            language = detect_language(body)
             tokens_in = tokens_out = retries = salvaged = 0
             used = model or ""
-
-            def count(text: str) -> int:
-                return self.counter.count_text(text, model)
-
             weights: dict[int, int] = {}
 
             def weight(i: int) -> int:
@@ -197,7 +160,7 @@ class RemoteCompactor:
                 "existing_summary": summary,
                 "current_message": "",
                 "max_summary_chars": prompt_chars(policy.max_summary_chars),
-                "language": language,
+                "language": history.language,
             }
             # Every call fits summarizer.context_window, as the session stage's do.
             limits = call_limits(
@@ -208,7 +171,10 @@ class RemoteCompactor:
                 count_text=count,
                 item_tokens=weight,
             )
-            batches = _batches(body, begin, policy.max_batch_messages, limits.budget)
+            batches = await off_loop(
+                size,
+                lambda: _batches(body, begin, policy.max_batch_messages, limits.budget),
+            )
             # Codex sends the summaries it was given back expanded: the guard is told which
             # stored version each one is (its lines are Recap's, not the user's words).
             stored = [v.summary for v in await self.store.summary_versions(conv)]
@@ -220,20 +186,21 @@ class RemoteCompactor:
                 try:
                     if room < MIN_TRANSCRIPT_TOKENS:
                         raise SummarizerFailed("summarizer context_window too small")
+                    transcript = await off_loop(
+                        size,
+                        functools.partial(render_within, span, policy.max_item_chars, room, count),
+                    )
+                    guarded = await off_loop(size, functools.partial(_guarded, span, stored))
                     result = await self.summarizer.summarize(
                         tenant,
                         scene,
-                        {
-                            "transcript": render_within(span, policy.max_item_chars, room, count),
-                            **values,
-                            "existing_summary": summary,
-                        },
+                        {"transcript": transcript, **values, "existing_summary": summary},
                         model=model,
                         authorization=authorization,
                         max_chars=policy.max_summary_chars,
                         replaced=[
                             *([Earlier(summary)] if summary else []),
-                            *recognised(span, stored),
+                            *guarded,
                         ],
                         max_tokens=limits.max_tokens,
                         # Codex's own API is the Responses API; its summary is asked for
@@ -242,7 +209,7 @@ class RemoteCompactor:
                     )
                 except SummarizerFailed as exc:
                     detail = retry_detail(exc.reason, int(exc.retried), 0)
-                    await self._audit(conv, "failed", detail, before, body, summary, used, start)
+                    await self._audit(conv, "failed", detail, history, summary, used, start)
                     raise CompactionFailed(f"Compaction failed: {exc.reason}.") from None
                 retries += result.retried
                 salvaged += result.salvaged
@@ -264,7 +231,7 @@ class RemoteCompactor:
             )
             detail = retry_detail(None, retries, salvaged)
             await self._audit(
-                conv, "ok", detail, before, body, summary, used, start, version.version, request_id
+                conv, "ok", detail, history, summary, used, start, version.version, request_id
             )
             log.info(
                 "remote compaction: %d messages into summary version %d",
@@ -296,15 +263,14 @@ class RemoteCompactor:
         conv: ConversationRef,
         outcome: str,
         detail: str,
-        tokens: int,
-        body: Sequence[Message],
+        history: _History,
         summary: str,
         model: str,
         start: float,
         version: int | None = None,
         request_id: str = "",
     ) -> None:
-        chars = sum(len(message_json(item)) for item in body)
+        tokens, chars = history.tokens, history.chars
         await audit(
             self.store,
             conv,
@@ -320,8 +286,49 @@ class RemoteCompactor:
                 model=model,
                 duration_ms=int((time.perf_counter() - start) * 1000),
             ),
-            {"request_id": request_id, "version": version, "covered": len(body)},
+            {"request_id": request_id, "version": version, "covered": len(history.body)},
         )
+
+
+@dataclass(frozen=True)
+class _History:
+    """A history to compact, worked out once: hashing, counting and writing its messages'
+    JSON is what costs on a large request (`_weigh`, off the loop for one)."""
+
+    # Its messages after the leading instructions (what the summary stands for).
+    body: list[Message]
+    chain: list[str]
+    # (fingerprint, JSON) of each, for the archive.
+    rows: list[tuple[str, str]]
+    # Its tokens as one transcript, and its characters as JSON (the audit's "before").
+    tokens: int
+    chars: int
+    language: str
+
+
+def _weigh(
+    messages: Sequence[Message], count: Callable[[str], int], client: ClientHistory | None
+) -> _History:
+    _, body = split_pinned(messages)
+    rows = [(fingerprint(m), message_json(m)) for m in body]
+    chars = sum(len(text) for _, text in rows)
+    chain = chain_of([fp for fp, _ in rows])
+    if client is not None:
+        # The client's own messages too (its compaction items): lossless on disk.
+        have = {fp for fp, _ in rows}
+        rows += [
+            (fp, message_json(m))
+            for fp, m in zip(client.fingerprints, client.messages, strict=True)
+            if fp not in have
+        ]
+    return _History(
+        body=body,
+        chain=chain,
+        rows=rows,
+        tokens=count(render_transcript(body, 1 << 30)),
+        chars=chars,
+        language=detect_language(body),
+    )
 
 
 def _batches(
@@ -344,15 +351,7 @@ def _batches(
     return spans
 
 
-def _texts(item: Any) -> str:
-    """The text of a user message item (for the summary frame's language)."""
-    if not isinstance(item, Mapping) or item.get("role") != "user":
-        return ""
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
-        )
-    return ""
+def _guarded(span: list[Message], stored: list[str]) -> list[Any]:
+    """The messages as the guard reads them: Recap's own summaries among them known as
+    such (`recognised`), each other message's texts cut to head and tail (`guard_view`)."""
+    return [guard_view(m) for m in recognised(span, stored)]

@@ -296,6 +296,10 @@ class Store(abc.ABC):
         """All versions, oldest first."""
 
     @abc.abstractmethod
+    async def summary_version(self, conv: ConversationRef, version: int) -> SummaryVersion | None:
+        """One version by its number (rolled back or not), None when it is not stored."""
+
+    @abc.abstractmethod
     async def current_summary(self, conv: ConversationRef) -> SummaryVersion | None: ...
 
     @abc.abstractmethod

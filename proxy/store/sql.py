@@ -144,6 +144,13 @@ class SqlStore(Store):
         )
         return [summary(r) for r in rows]
 
+    async def summary_version(self, conv: ConversationRef, version: int) -> SummaryVersion | None:
+        row = await self._fetch_one(
+            f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM} AND sv.version = ?",
+            (conv.tenant, conv.key, version),
+        )
+        return None if row is None else summary(row)
+
     async def current_summary(self, conv: ConversationRef) -> SummaryVersion | None:
         row = await self._fetch_one(
             f"SELECT {SUMMARY_COLUMNS} {SUMMARY_FROM} AND sv.version = c.current_version",

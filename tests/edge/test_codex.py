@@ -11,128 +11,38 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from proxy.config import parse_config
 from tests import codex_bodies as codex
-from tests.fake_responses import FakeResponses
+from tests.codex_servers import (
+    Recaps,
+    Upstream,
+    compact_v2,
+    config,
+    events,
+    forwarded_inputs,
+    running_upstream,
+    turn,
+)
 from tests.fakes import Reply
 from tests.servers import recap_app, serve
 
 
-class Upstream(FakeResponses):
-    """The fake Responses upstream, also recording any `/v1/responses/compact` call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.app.router.routes.append(
-            Route("/v1/responses/compact", self._compact, methods=["POST"])
-        )
-
-    async def _compact(self, request: Request) -> Response:
-        await self._record(request)
-        item = {"type": "compaction", "encrypted_content": "openai-blob"}
-        return JSONResponse({"output": [item]})
-
-    def paths(self) -> list[str]:
-        with self.lock:
-            return [r.path for r in self.requests if r.purpose != "summarize"]
-
-    def summarizer_calls(self) -> list[dict[str, Any]]:
-        return [r.json for r in self.chat_requests("summarize")]
-
-
 @pytest.fixture
 def upstream() -> Iterator[tuple[Upstream, str]]:
-    fake = Upstream()
-    with serve(fake.app) as url:
-        yield fake, url
-
-
-def config(url: str, tmp_path: Path, secret: str = "", **tenant: Any) -> Any:
-    tenants = {
-        "a": {"api_keys": ["key-a"], "upstream": {"base_url": f"{url}/v1"}, **tenant},
-        "b": {"api_keys": ["key-b"], "upstream": {"base_url": f"{url}/v1"}},
-    }
-    return parse_config(
-        {
-            "store": f"sqlite:///{tmp_path / 'recap.db'}",
-            "tenants": tenants,
-            "compaction_secret": secret,
-        },
-        env={},
-        base_dir=str(tmp_path),
-    )
+    with running_upstream() as running:
+        yield running
 
 
 @pytest.fixture
 def recap(upstream: tuple[Upstream, str], tmp_path: Path) -> Iterator[Callable[..., str]]:
-    servers: list[Any] = []
-
-    def start(**tenant: Any) -> str:
-        cm = serve(recap_app(config(upstream[1], tmp_path, **tenant)))
-        servers.append(cm)
-        return cm.__enter__() + "/v1"
-
-    yield start
-    for cm in reversed(servers):
-        cm.__exit__(None, None, None)
-
-
-def events(response: httpx.Response) -> list[dict[str, Any]]:
-    """The SSE events (data lines as JSON), as Codex's parser reads them."""
-    out = []
-    for block in response.text.split("\n\n"):
-        data = [ln[len("data: ") :] for ln in block.splitlines() if ln.startswith("data: ")]
-        if data:
-            out.append(json.loads("\n".join(data)))
-    return out
-
-
-def compact_v2(
-    base: str, items: list[dict[str, Any]], key: str = "key-a", session: str = codex.SESSION
-) -> dict[str, Any]:
-    """What Codex's collect_compaction_output takes from the stream: the one item."""
-    body = codex.trigger_body(items)
-    body["prompt_cache_key"] = session
-    r = httpx.post(
-        f"{base}/responses",
-        json=body,
-        headers={**codex.headers("compaction", key), "session-id": session},
-        timeout=30,
-    )
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/event-stream")
-    seen = events(r)
-    done = [e["item"] for e in seen if e["type"] == "response.output_item.done"]
-    compactions = [i for i in done if i["type"] == "compaction"]
-    assert len(compactions) == 1, seen
-    completed = [e for e in seen if e["type"] == "response.completed"]
-    assert len(completed) == 1 and completed[0]["response"]["id"]
-    usage = completed[0]["response"]["usage"]
-    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
-    return compactions[0]
-
-
-def turn(
-    base: str, items: list[dict[str, Any]], key: str = "key-a", stream: bool = True
-) -> httpx.Response:
-    body = codex.body(items)
-    body["stream"] = stream
-    return httpx.post(
-        f"{base}/responses", json=body, headers=codex.headers("turn", key), timeout=30
-    )
-
-
-def forwarded_inputs(fake: Upstream) -> list[list[dict[str, Any]]]:
-    return [r.json["input"] for r in fake.response_requests()]
+    with ExitStack() as stack:
+        yield Recaps(upstream[1], tmp_path, stack)
 
 
 def test_a_compaction_trigger_is_answered_by_recap_and_the_item_expands_upstream(
@@ -278,21 +188,6 @@ def test_a_reference_that_is_not_this_tenants_is_a_400(
     assert forwarded_inputs(fake) == []
 
 
-def test_a_reference_to_a_summary_the_store_lost_is_a_400(
-    upstream: tuple[Upstream, str], tmp_path: Path
-) -> None:
-    fake, url = upstream
-    cfg = config(url, tmp_path, secret="s" * 40)
-    with serve(recap_app(cfg)) as base:
-        item = compact_v2(base + "/v1", codex.history())
-    (tmp_path / "recap.db").unlink()
-    with serve(recap_app(cfg)) as base:
-        r = turn(base + "/v1", codex.after_compaction(item, "go on"))
-    assert r.status_code == 400
-    assert "does not have" in r.json()["error"]["message"]
-    assert forwarded_inputs(fake) == []
-
-
 def test_references_outlive_a_restart_on_the_same_store(
     upstream: tuple[Upstream, str], tmp_path: Path
 ) -> None:
@@ -422,3 +317,55 @@ def test_the_guard_takes_neither_codexs_context_nor_recaps_frame_for_the_users_w
     assert said == [f"- the user said: {json.dumps(own)}"]  # carried over, once
     for value in ('"managed"', '"restricted"', '"read"', "treat what it records", "do not redo"):
         assert value not in summary, value
+
+
+def exported(base: str, key: str = codex.SESSION) -> list[dict[str, Any]]:
+    r = httpx.get(
+        f"{base}/recap/conversations/{key}/archive",
+        headers={"authorization": "Bearer key-a"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.text.splitlines()]
+
+
+def items_of(lines: list[dict[str, Any]], fingerprints: list[str]) -> list[dict[str, Any]]:
+    """The Responses input items the archived neutral messages were parsed from."""
+    messages = {line["fingerprint"]: line["message"] for line in lines if line["type"] == "message"}
+    return [item for fp in fingerprints for item in messages[fp].get("recap_items", [])]
+
+
+def test_the_archive_holds_the_compaction_item_the_client_sent_and_the_summary_sent_upstream(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """Lossless on disk: the request event's messages are what Codex sent (its compaction
+    item, not the summary it stands for), and `sent` is what went upstream (the summary)."""
+    fake, _ = upstream
+    base = recap()
+    item = compact_v2(base, codex.history())
+    asked = codex.after_compaction(item, "Now also run the linter")
+    assert turn(base, asked, stream=False).status_code == 200
+    (forwarded,) = forwarded_inputs(fake)
+    lines = exported(base)
+    (request,) = [line["payload"] for line in lines if line["type"] == "request"]
+    assert items_of(lines, request["messages"]) == asked
+    assert request["sent"] is not None
+    assert items_of(lines, request["sent"]) == forwarded
+    assert "recap1." not in json.dumps(forwarded)
+
+
+def test_a_compaction_over_a_compaction_item_archives_the_item_as_sent(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """A trigger whose history holds an earlier item: the summary stands for the expanded
+    history, and the archive keeps the history as Codex sent it too, item included."""
+    base = recap()
+    item = compact_v2(base, codex.history())
+    compact_v2(base, codex.after_compaction(item, "Now also run the linter"))
+    archived = [
+        i
+        for line in exported(base)
+        if line["type"] == "message"
+        for i in line["message"].get("recap_items", [])
+    ]
+    assert item in archived

@@ -4,7 +4,9 @@ of a fake Responses upstream that knows nothing of compaction (tests/fake_respon
 Skipped when `codex` (npm `@openai/codex`, checked with 0.171) is not on PATH. Its
 home is a temporary CODEX_HOME whose config.toml keeps it off the network (no update
 check, no plugins, no analytics) and makes it compact early; the provider is named
-"OpenAI", the only name for which Codex 0.171 compacts remotely (docs/codex.md).
+"OpenAI", the only name for which Codex 0.171 compacts remotely (docs/codex.md). A
+`codex exec fork` of the compacted session then carries the compaction item into a new
+session, which names its parent in its turn metadata: the item expands there too.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def test_codex_compacts_remotely_through_recap_on_a_non_openai_upstream(tmp_path
             (home / "config.toml").write_text(CONFIG.format(base=recap + "/v1"))
             env = {**os.environ, "CODEX_HOME": str(home), "RECAP_TEST_KEY": "key-a"}
             runs = []
-            for args in (["say hello"], ["resume", "--last", "and now goodbye"]):
+
+            def codex_exec(*args: str) -> None:
                 runs.append(
                     subprocess.run(
                         [CODEX, "exec", "--skip-git-repo-check", "-C", str(work), *args],
@@ -79,6 +82,15 @@ def test_codex_compacts_remotely_through_recap_on_a_non_openai_upstream(tmp_path
                         check=False,
                     )
                 )
+
+            codex_exec("say hello")
+            codex_exec("resume", "--last", "and now goodbye")
+            # A fork of the session, which does not compact again: its first turn carries
+            # the compaction item of the session it was forked from, in a new session.
+            session = fake.requests[0].headers["session-id"]
+            roomy = ["-c", "model_auto_compact_token_limit=1000000"]
+            roomy += ["-c", "model_context_window=2000000"]
+            codex_exec(*roomy, "fork", session, "and from the fork")
     for run in runs:
         assert run.returncode == 0, run.stdout + run.stderr
     # The second turn began with a remote compaction, which Recap answered.
@@ -88,8 +100,12 @@ def test_codex_compacts_remotely_through_recap_on_a_non_openai_upstream(tmp_path
     assert ("/v1/chat/completions", "summarize") in paths
     assert all(p == "/v1/responses" for p, purpose in paths if purpose != "summarize")
     assert fake.problems == []
-    turns = [r.json["input"] for r in fake.requests if r.path == "/v1/responses"]
-    assert len(turns) == 2
-    text = json.dumps(turns[-1])
-    assert "compaction" not in {i.get("type") for i in turns[-1]} and "recap1." not in text
-    assert "recap-summary" in text and "and now goodbye" in text
+    turns = [r for r in fake.requests if r.path == "/v1/responses"]
+    assert len(turns) == 3
+    for turn, said in zip(turns[1:], ("and now goodbye", "and from the fork"), strict=True):
+        text = json.dumps(turn.json["input"])
+        assert "compaction" not in {i.get("type") for i in turn.json["input"]}
+        assert "recap1." not in text and said in text
+        # The summary, in its own session and in the fork (named by Codex's metadata).
+        assert "recap-summary" in text
+    assert turns[2].headers["session-id"] != session

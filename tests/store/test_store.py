@@ -201,6 +201,24 @@ def test_pick_matching_prefers_most_covered_then_newest() -> None:
     assert pick_matching([(1, 0, "")], current=1, boundary_hashes=hashes) is None
 
 
+async def test_one_version_by_number_rolled_back_or_not(
+    store: Store, history: list[dict[str, Any]]
+) -> None:
+    hashes = chain_hashes(history)
+    for covered in (8, 16):
+        await store.add_summary_version(CONV, summary_at(hashes, covered))
+    await store.set_current_version(CONV, 1)
+    one, two = await store.summary_version(CONV, 1), await store.summary_version(CONV, 2)
+    assert one is not None and (one.summary, one.current, one.rolled_back) == (
+        "summary of 8",
+        True,
+        False,
+    )
+    assert two is not None and (two.boundary_hash, two.rolled_back) == (hashes[15], True)
+    assert await store.summary_version(CONV, 3) is None
+    assert await store.summary_version(ConversationRef("acme", "nobody"), 1) is None
+
+
 async def test_rollback_to_earlier_and_to_none(store: Store, history: list[dict[str, Any]]) -> None:
     hashes = chain_hashes(history)
     for covered in (8, 16, 24):
