@@ -32,7 +32,7 @@ from proxy.edge.body import READ_BODY, ReadBody, read_request
 from proxy.edge.relay import Scope, until_disconnect
 from proxy.edge.route import Call, Route
 from proxy.errors import BadRequest, RecapError
-from proxy.history.identity import conversation_ref, resolve_tenant
+from proxy.history.identity import conversation_ref, credentials_of, resolve_tenant
 from proxy.planning.remote import (
     RemoteAction,
     compact_object,
@@ -117,7 +117,7 @@ class _Compaction(Route):
             conv,
             parsed.messages,
             model=model,
-            authorization=headers.get("authorization"),
+            credentials=credentials_of(headers, self.dialect.credential_headers),
             request_id=record.request_id,
         )
         if record.remote is not None:

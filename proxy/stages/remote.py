@@ -140,7 +140,7 @@ class RemoteCompactor:
         messages: Sequence[Message],
         *,
         model: str | None,
-        authorization: str | None,
+        credentials: Mapping[str, str],
         request_id: str,
     ) -> Compacted:
         """One summary version standing for the history `messages` (the neutral view of
@@ -219,7 +219,7 @@ class RemoteCompactor:
                             "existing_summary": summary,
                         },
                         model=model,
-                        authorization=authorization,
+                        credentials=credentials,
                         max_chars=policy.max_summary_chars,
                         replaced=[{"role": "assistant", "content": summary}, *span]
                         if summary
