@@ -47,6 +47,8 @@ from proxy.upstream.client import UpstreamPool
 
 log = logging.getLogger("recap.app")
 
+ALL = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
 
 def load_scenes(config: Config) -> dict[str, SceneSet]:
     """Every tenant's scenes, loaded and validated: a bad scene fails the start, not a request."""
@@ -112,6 +114,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
     """The app for `config`; `clock` (monotonic seconds) times the circuit breakers'
     cool-downs, so a test can advance a fake one instead of sleeping."""
     from proxy.archive.retention import Retention
+    from proxy.dialects.messages import MessagesDialect
     from proxy.dialects.responses import ResponsesDialect
     from proxy.edge.codex import CodexGate, ResponsesCompact
     from proxy.edge.compacting import CompactingRoute
@@ -191,6 +194,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
 
     chat = CompactingRoute()
     responses = CodexGate(CompactingRoute(ResponsesDialect()))
+    messages = CompactingRoute(MessagesDialect())
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -198,18 +202,18 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/responses/compact", ResponsesCompact(Passthrough()), methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        # count_tokens, batches: forwarded, with the Messages API's keys and errors.
+        Route("/v1/messages/{path:path}", Passthrough(MessagesDialect()), methods=ALL),
         *operator_routes(),
         *web_routes(config),
-        Route(
-            "/v1/{path:path}",
-            Passthrough(),
-            methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
-        ),
+        Route("/v1/{path:path}", Passthrough(), methods=ALL),
         Route("/{path:path}", not_found),
     ]
     direct = {
         "/v1/chat/completions": Edge(Rendered(chat, chat.errors), metrics, chat.errors),
         "/v1/responses": Edge(Rendered(responses, responses.errors), metrics, responses.errors),
+        "/v1/messages": Edge(Rendered(messages, messages.errors), metrics, messages.errors),
     }
     app = RecapApp(direct, routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(Edge, metrics=metrics)
