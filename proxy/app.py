@@ -116,6 +116,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
     from proxy.archive.retention import Retention
     from proxy.dialects.messages import MessagesDialect
     from proxy.dialects.responses import ResponsesDialect
+    from proxy.edge.claude_code import ClaudeCodeGate
     from proxy.edge.codex import CodexGate, ResponsesCompact
     from proxy.edge.compacting import CompactingRoute
     from proxy.edge.operator import operator_routes
@@ -194,7 +195,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
 
     chat = CompactingRoute()
     responses = CodexGate(CompactingRoute(ResponsesDialect()))
-    messages = CompactingRoute(MessagesDialect())
+    messages = ClaudeCodeGate(CompactingRoute(MessagesDialect()))
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

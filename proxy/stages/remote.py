@@ -24,6 +24,7 @@ from typing import Any
 
 from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
+from proxy.dialects.base import SummaryCall
 from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import BadRequest, CompactionFailed, Conflict
 from proxy.history.messages import Message, chain_hashes, fingerprint, is_pinned, split_pinned
@@ -61,6 +62,8 @@ class Compacted:
     usage: Usage
     version: int
     reused: bool
+    # The summary the item refers to (Claude Code's compaction is answered with it).
+    summary: str = ""
 
 
 class RemoteCompactor:
@@ -142,10 +145,12 @@ class RemoteCompactor:
         model: str | None,
         credentials: Mapping[str, str],
         request_id: str,
+        call: SummaryCall = ResponsesDialect.summary_call,
     ) -> Compacted:
         """One summary version standing for the history `messages` (the neutral view of
         an input whose compaction items are already expanded), and the compaction item
-        referencing it. As for session summaries, the leading instructions are not in it
+        referencing it; `call` is the API the summarizer asks in (Codex's is the Responses
+        API's). As for session summaries, the leading instructions are not in it
         and later ones are not summarised. Raises Conflict (nothing to compact) or
         CompactionFailed (the summarizer failed)."""
         _, body = split_pinned(messages)
@@ -225,9 +230,7 @@ class RemoteCompactor:
                         if summary
                         else span,
                         max_tokens=limits.max_tokens,
-                        # Codex's own API is the Responses API; its summary is asked for
-                        # as every Responses request's is.
-                        call=ResponsesDialect.summary_call,
+                        call=call,
                     )
                 except SummarizerFailed as exc:
                     detail = retry_detail(exc.reason, int(exc.retried), 0)
@@ -278,7 +281,7 @@ class RemoteCompactor:
     ) -> Compacted:
         token = issue(secret, tenant.name, Reference(conv.key, version, boundary))
         usage = Usage(tokens_before, self.counter.count_text(summary, None))
-        return Compacted(compaction_item(token), usage, version, reused)
+        return Compacted(compaction_item(token), usage, version, reused, summary)
 
     async def _audit(
         self,
