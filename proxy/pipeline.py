@@ -60,6 +60,9 @@ class Exchange:
     control: Control = "auto"
     # Length of the body as the client sent it (what keeping its messages costs).
     body_bytes: int = 0
+    # Tokens the upstream counts beside the history (tool definitions), estimated: the
+    # context_window is already less them; calibration and overflow add them back.
+    fixed_tokens: int = 0
     messages: list[Message] = field(default_factory=list)
     # The API the request speaks: where its history sits in `body`, how it is written back.
     dialect: Dialect = field(default_factory=ChatDialect)

@@ -94,10 +94,12 @@ async def recover(
         return replayed(response, body, rest), exchange, committed
     await response.aclose()
     state = call.state
-    estimate = exchange.measure.total(exchange.messages)
+    # The upstream's counts are of the whole prompt: the tool definitions too.
+    fixed = exchange.fixed_tokens
+    estimate = exchange.measure.total(exchange.messages) + fixed
     if overflow.prompt_tokens:
         state.calibration.observe(tenant.name, exchange.model, estimate, overflow.prompt_tokens)
-    window = retry_window(overflow, estimate, exchange.context_window)
+    window = max(1, retry_window(overflow, estimate, exchange.context_window + fixed) - fixed)
     call.record.overflow = OverflowRetry(overflow.limit, overflow.prompt_tokens, estimate, window)
     log.warning(
         "upstream context overflow (%s): compacting harder on a %d-token window, retrying once",

@@ -92,7 +92,8 @@ def calibrate(state: _HasCalibration, ex: Exchange, answer: Mapping[str, Any]) -
             value = usage.get(key)
             actual += value if isinstance(value, int) else 0
     if isinstance(actual, int) and isinstance(estimate, int):
-        state.calibration.observe(ex.tenant.name, ex.model, estimate, actual)
+        # The upstream counted the tool definitions too.
+        state.calibration.observe(ex.tenant.name, ex.model, estimate + ex.fixed_tokens, actual)
 
 
 class _HasCalibration(Protocol):
