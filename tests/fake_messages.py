@@ -275,7 +275,7 @@ class FakeMessages(FakeUpstream):
         super().__init__(
             record=record,
             routes=[
-                Route("/v1/messages", self._messages, methods=["POST"]),
+                Route("/v1/messages", self.serve_messages, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
             ],
         )
@@ -296,7 +296,7 @@ class FakeMessages(FakeUpstream):
         rec = await self._record(request)
         return JSONResponse({"input_tokens": self.count(json.dumps(rec.json))})
 
-    async def _messages(self, request: Request) -> Response:
+    async def serve_messages(self, request: Request) -> Response:
         rec = await self._record(request)
         body = rec.json
         summarizing = rec.purpose == "summarize"
