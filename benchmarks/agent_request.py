@@ -4,7 +4,8 @@ Outside the data path: system prompt, user/assistant turns, four tool calls and 
 tool schemas (about 8 KB of JSON), shaped like a τ-bench airline session. Its last message
 carries a per-request counter (`Bodies.next`), as a live agent's history grows by one message
 a turn, so no request is a byte-for-byte repeat of the one before. The same history is also
-written as a `/v1/responses` body (`Bodies("responses")`).
+written as a `/v1/responses` body (`Bodies("responses")`) and a `/v1/messages` one
+(`Bodies("messages")`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from benchmarks import responses_shape
+from benchmarks import messages_shape, responses_shape
 
-APIS = ("chat", "responses")
+APIS = ("chat", "responses", "messages")
 MODES = ("json", "stream")
 NONCE = "@@NONCE@@"
 
@@ -219,12 +220,23 @@ def responses_template(stream: bool) -> bytes:
     return json.dumps(body).encode()
 
 
-TEMPLATES = {"chat": body_template, "responses": responses_template}
+def messages_template(stream: bool) -> bytes:
+    """The same history as a `/v1/messages` body (`benchmarks.messages_shape`), with the
+    cache breakpoints Claude Code sets: the system prompt, and the last block."""
+    body = messages_shape.request_body(
+        "claude-x", chat_history(), tools=messages_shape.tools(chat_tools()), temperature=0.0
+    )
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+TEMPLATES = {"chat": body_template, "responses": responses_template, "messages": messages_template}
 
 
 class Bodies:
-    """Request bodies of one API ("chat" or "responses"), each with its own counter in the
-    last message."""
+    """Request bodies of one API ("chat", "responses" or "messages"), each with its own
+    counter in the last message."""
 
     def __init__(self, api: str = "chat") -> None:
         self.api = api

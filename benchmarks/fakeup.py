@@ -36,12 +36,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from benchmarks import responses_shape
+from benchmarks import messages_shape, responses_shape
 from benchmarks.harness import BenchError
 from benchmarks.metrics import Run, Step
 from benchmarks.sessions import Session
 from proxy.history.tokens import TokenCounter
 from proxy.planning.transcript import content_text
+from tests.fake_messages import request_problems
 from tests.fake_responses import input_problems
 from tests.fakes import FakeUpstream, Recorded, Reply, ReplyOrAwaitable
 
@@ -154,6 +155,7 @@ class ReplayUpstream(FakeUpstream):
                 Route("/_replay/session", self.session, methods=["POST"]),
                 Route("/_replay/log", self.log),
                 Route("/v1/responses", self.responses, methods=["POST"]),
+                Route("/v1/messages", self.messages, methods=["POST"]),
             ],
         )
         self.counter = TokenCounter()
@@ -200,6 +202,39 @@ class ReplayUpstream(FakeUpstream):
             {"kind": "chat", "step": step, "messages": messages, "problems": input_problems(body)}
         )
         answer = responses_shape.response(str(body.get("model")), self.answers[step])
+        fake_ms = f"{(time.perf_counter() - start) * 1000:.3f}"
+        return JSONResponse(answer, headers={FAKE_MS_HEADER: fake_ms})
+
+    async def messages(self, request: Request) -> Response:
+        """A Messages call: the recorded answer of its step, the request logged in chat form
+        (block by block, `messages_shape.to_chat`); a summarizer call's answer in its shape."""
+        start = time.perf_counter()
+        rec = await self._record(request)
+        body = rec.json
+        if rec.purpose == "summarize":
+            prompt = [{"role": "system", "content": body.get("system")}, *body["messages"]]
+            # As a chat call: what a relay to a real (chat) model sends.
+            chat = {
+                "model": body.get("model"),
+                "messages": prompt,
+                "max_tokens": body.get("max_tokens"),
+            }
+            reply = await self._summarize(chat, prompt)
+            text = reply.content or ""
+            if reply.raw is not None:  # relayed to a real (chat) model
+                text = json.loads(reply.raw)["choices"][0]["message"]["content"] or ""
+            answer = {"role": "assistant", "content": text}
+            return JSONResponse(messages_shape.response(str(body.get("model")), answer))
+        messages = messages_shape.to_chat(body.get("system"), body.get("messages"))
+        step = self._step(rec.headers, messages)
+        if step is None:
+            error = {"type": "invalid_request_error", "message": "no recorded step matches"}
+            return JSONResponse({"type": "error", "error": error}, status_code=400)
+        problems = request_problems(body, strict=False)
+        self.records.append(
+            {"kind": "chat", "step": step, "messages": messages, "problems": problems}
+        )
+        answer = messages_shape.response(str(body.get("model")), self.answers[step])
         fake_ms = f"{(time.perf_counter() - start) * 1000:.3f}"
         return JSONResponse(answer, headers={FAKE_MS_HEADER: fake_ms})
 
@@ -280,6 +315,8 @@ def request(api: str, session: Session, i: int) -> tuple[dict[str, Any], Callabl
     if api == "responses":
         body = responses_shape.request_body(session.model, history, stream=False, store=False)
         return body, responses_shape.answer_message
+    if api == "messages":
+        return messages_shape.request_body(session.model, history), messages_shape.answer_message
     body = {"model": session.model, "messages": history, "stream": False}
     return body, lambda answer: answer["choices"][0]["message"]
 
@@ -310,7 +347,13 @@ def replay_session(
         if response.status_code != 200:
             raise BenchError(f"{session.id} step {i}: status {response.status_code}")
         answer = read(response.json())
-        if answer.get("tool_calls") != messages[i].get("tool_calls"):
+        recorded = messages[i].get("tool_calls")
+        same = (
+            messages_shape.same_calls(answer.get("tool_calls"), recorded)
+            if api == "messages"
+            else answer.get("tool_calls") == recorded
+        )
+        if not same:
             raise BenchError(f"{session.id} step {i}: the answer is not the recorded one")
         fake_ms = float(response.headers.get(FAKE_MS_HEADER, "0"))
         overhead = response.headers.get("x-recap-overhead-ms")

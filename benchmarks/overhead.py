@@ -22,8 +22,11 @@ prompt, user/assistant turns, four tool calls and their results, tool schemas; a
 JSON). Its last message carries a per-request counter, as a live agent's history grows by one
 message a turn. `--api responses` sends the same history to `/v1/responses` (instructions,
 message, function_call and function_call_output items, Responses tools; the upstream checks
-every input as OpenAI would); `--api both` (the default) measures chat, then Responses, through
-the same three servers, each API with its own table and verdicts.
+every input as OpenAI would); `--api messages` to `/v1/messages` (system blocks, tool_use and
+tool_result blocks, Messages tools, Claude Code's cache breakpoints; the upstream checks every
+request as Anthropic would, `tests/fake_messages.py`); `--api all` (the default) measures chat,
+Responses and Messages one after the other through the same three servers, each API with its
+own table and verdicts.
 
 Measurements, all interleaved round-robin over the targets (the starting target rotates)
 so that machine noise lands on every target alike:
@@ -40,7 +43,7 @@ Recap's own `overhead_ms` (arrival to forwarding) for the c=1 rounds, from its a
 `--profile-recap PATH` runs Recap under cProfile (its figures are then not comparable).
 
 Usage (from the repository root):
-    python -m benchmarks.overhead [--api chat|responses|both] [--requests 400]
+    python -m benchmarks.overhead [--api chat|responses|messages|all] [--requests 400]
         [--concurrency 16] [--duration-s 10] [--store sqlite | postgresql://...] [--json PATH]
         [--workdir DIR] [--profile-recap PATH]
 """
@@ -88,6 +91,8 @@ from benchmarks.harness import (
     write_config,
 )
 from proxy.upstream.client import KEEPALIVE_S
+from tests.fake_messages import Answer as MessagesAnswer
+from tests.fake_messages import FakeMessages
 from tests.fake_responses import Answer, FakeResponses
 from tests.fakes import Reply
 
@@ -116,7 +121,7 @@ ANSWER = "Done: NO6JO3 now flies HAT136 on 2024-05-22 in economy, $16 charged to
 USAGE = {"prompt_tokens": 2400, "completion_tokens": 20, "total_tokens": 2420}
 # The Responses fake streams text in 8-character deltas: 16 of them (OpenAI: about one a token).
 RESPONSES_ANSWER = ANSWER + " The new e-ticket is on its way to your email."
-PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 # What the end of a complete answer looks like, per (api, mode): a marker the answer must
 # contain (None: none) and the bytes it must end with.
 ENDINGS: dict[tuple[str, str], tuple[bytes | None, bytes]] = {
@@ -124,18 +129,24 @@ ENDINGS: dict[tuple[str, str], tuple[bytes | None, bytes]] = {
     ("chat", "stream"): (None, b"data: [DONE]\n\n"),
     ("responses", "json"): (None, b"}"),
     ("responses", "stream"): (b"event: response.completed\n", b"}\n\n"),
+    ("messages", "json"): (None, b"}"),
+    ("messages", "stream"): (b"event: message_stop\n", b"}\n\n"),
 }
 
 
 def fake_upstream() -> FakeResponses:
-    """The tests' Responses fake (which serves chat too), keeping no requests: every call
-    gets the same short answer."""
+    """The tests' Responses fake (which serves chat too) with the Messages fake's route,
+    keeping no requests: every call gets the same short answer."""
     fake = FakeResponses()
     fake.record = False
     reply = Reply(content=ANSWER, usage=USAGE)
     fake.chat = lambda body: reply
     answer = Answer(text=RESPONSES_ANSWER)
     fake.respond = lambda body: answer
+    messages = FakeMessages(record=False)
+    said = MessagesAnswer(text=RESPONSES_ANSWER)
+    messages.respond = lambda body: said
+    fake.app.router.routes.append(Route("/v1/messages", messages.serve_messages, methods=["POST"]))
     return fake
 
 
@@ -463,7 +474,7 @@ async def measure(
 
 
 def apis(args: argparse.Namespace) -> list[str]:
-    return list(APIS) if args.api == "both" else [args.api]
+    return list(APIS) if args.api in ("both", "all") else [args.api]
 
 
 def report(api: str, figures: Figures, log: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -554,10 +565,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--api",
-        choices=[*APIS, "both"],
-        default="both",
-        help="the API measured: chat (/v1/chat/completions), responses (/v1/responses) or "
-        "both, one after the other (default)",
+        choices=[*APIS, "both", "all"],
+        default="all",
+        help="the API measured: chat (/v1/chat/completions), responses (/v1/responses), "
+        "messages (/v1/messages), or all, one after the other (default; 'both' says the same)",
     )
     p.add_argument("--requests", type=int, default=400, help="latency rounds at c=1 (default 400)")
     p.add_argument("--warmup", type=int, default=30, help="warm-up rounds, excluded (default 30)")

@@ -25,6 +25,11 @@ Figures (`benchmarks.metrics` says exactly how each is computed) go to stdout an
 --out (default benchmarks/out/): replay.md, replay.json and two PNG plots of the first chained
 session; with --docs (the default) the Markdown and the plots are also copied to docs/.
 
+`--api messages` does the same in the Anthropic Messages shape (`benchmarks.messages_shape`:
+the system prompt as a `system` block, calls as `tool_use` blocks, results as `tool_result`
+blocks, the cache breakpoints Claude Code sets), checked as Anthropic would
+(`tests.fake_messages.request_problems`); files replay-messages.*.
+
 `--api responses` sends every step to `/v1/responses` instead, in the Responses shape
 (`benchmarks.responses_shape`: the system prompt as `instructions`, assistant tool calls as
 `function_call` items, tool results as `function_call_output` items, `store` false); the fake
@@ -33,7 +38,7 @@ figure is computed exactly as for chat and the two runs compare on the same sess
 files are named replay-responses.* (the baselines, in-process, are the same for both).
 
 Usage (from the repository root):
-    python -m benchmarks.replay [--api chat|responses] [--peer URL]
+    python -m benchmarks.replay [--api chat|responses|messages] [--peer URL]
         [--summarizer-url URL --summarizer-model M] [--singles N] [--chains N] [--generated N]
         [--quick]
 """
@@ -78,7 +83,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODULE = "benchmarks.replay"
 OUT = REPO / "benchmarks" / "out"
 DOCS = REPO / "docs"
-PATHS = {"chat": "/chat/completions", "responses": "/responses"}  # after a /v1 base URL
+PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 
 # Recap variants: name -> (description, overrides of tenants.default).
 # Tuned for cache: fewer, larger compactions, and fewer rewrites of the prompt between them
@@ -275,6 +280,12 @@ def command_line(argv: Sequence[str]) -> str:
 def api_line(api: str) -> str:
     if api == "chat":
         return "chat completions (`/v1/chat/completions`)"
+    if api == "messages":
+        return (
+            "Anthropic Messages (`/v1/messages`, Claude Code's cache breakpoints; figures "
+            "computed on the forwarded request read back as chat messages, a system or user "
+            "block each, invalid also counting what the upstream's Anthropic check rejects)"
+        )
     return (
         "Responses (`/v1/responses`; figures computed on the forwarded input read back as "
         "chat messages, invalid also counting what the upstream's input check rejects)"

@@ -47,6 +47,8 @@ from proxy.upstream.client import UpstreamPool
 
 log = logging.getLogger("recap.app")
 
+ALL = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
 
 def load_scenes(config: Config) -> dict[str, SceneSet]:
     """Every tenant's scenes, loaded and validated: a bad scene fails the start, not a request."""
@@ -119,7 +121,9 @@ def create_app(
     counter to use (default: a new one, which builds its encoding at start-up, about a
     second of CPU); a test suite that builds hundreds of apps passes one to them all."""
     from proxy.archive.retention import Retention
+    from proxy.dialects.messages import MessagesDialect
     from proxy.dialects.responses import ResponsesDialect
+    from proxy.edge.claude_code import ClaudeCodeGate
     from proxy.edge.codex import CodexGate, ResponsesCompact
     from proxy.edge.compacting import CompactingRoute
     from proxy.edge.operator import operator_routes
@@ -198,6 +202,7 @@ def create_app(
 
     chat = CompactingRoute()
     responses = CodexGate(CompactingRoute(ResponsesDialect()))
+    messages = ClaudeCodeGate(CompactingRoute(MessagesDialect()))
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -205,18 +210,18 @@ def create_app(
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/responses/compact", ResponsesCompact(Passthrough()), methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        # count_tokens, batches: forwarded, with the Messages API's keys and errors.
+        Route("/v1/messages/{path:path}", Passthrough(MessagesDialect()), methods=ALL),
         *operator_routes(),
         *web_routes(config),
-        Route(
-            "/v1/{path:path}",
-            Passthrough(),
-            methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
-        ),
+        Route("/v1/{path:path}", Passthrough(), methods=ALL),
         Route("/{path:path}", not_found),
     ]
     direct = {
         "/v1/chat/completions": Edge(Rendered(chat, chat.errors), metrics, chat.errors),
         "/v1/responses": Edge(Rendered(responses, responses.errors), metrics, responses.errors),
+        "/v1/messages": Edge(Rendered(messages, messages.errors), metrics, messages.errors),
     }
     app = RecapApp(direct, routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(Edge, metrics=metrics)

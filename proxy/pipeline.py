@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol, TypeVar, overload
 from proxy.config import Tenant
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import ChatDialect
+from proxy.history.identity import credentials_of
 from proxy.history.measure import Measure
 from proxy.history.messages import Classification, Message, chain_of, split_pinned
 from proxy.planning.outcome import CompactionOutcome, Layer, layers
@@ -70,6 +71,9 @@ class Exchange:
     control: Control = "auto"
     # Length of the body as the client sent it (what keeping its messages costs).
     body_bytes: int = 0
+    # Tokens the upstream counts beside the history (tool definitions), estimated: the
+    # context_window is already less them; calibration and overflow add them back.
+    fixed_tokens: int = 0
     messages: list[Message] = field(default_factory=list)
     # The API the request speaks: where its history sits in `body`, how it is written back.
     dialect: Dialect = field(default_factory=ChatDialect)
@@ -142,6 +146,12 @@ class Exchange:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return self.context_window - min(value, self.context_window // 2)
         return self.context_window - int(self.context_window * DEFAULT_OUTPUT_SHARE)
+
+    @property
+    def credentials(self) -> dict[str, str]:
+        """The client's own key headers (where its API carries them), for the summarizer's
+        calls when the upstream has no key of its own."""
+        return credentials_of(self.headers, self.dialect.credential_headers)
 
     @property
     def stream(self) -> bool:

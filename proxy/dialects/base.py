@@ -78,6 +78,8 @@ class SummaryCall(Protocol):
 
     # The path of the call, under the upstream's base URL.
     path: str
+    # Headers every call of this API carries (Anthropic's `anthropic-version`).
+    headers: Mapping[str, str]
 
     def request(
         self, model: str, system: str, user: str, options: Mapping[str, Any]
@@ -87,7 +89,8 @@ class SummaryCall(Protocol):
         ...
 
     def credentials(self, api_key: str) -> dict[str, str]:
-        """The headers that carry the upstream's own key."""
+        """The headers that carry the upstream's own key (on the summarizer's calls, and
+        on the requests forwarded on this API's route)."""
         ...
 
     def answer(self, data: Any) -> SummaryAnswer:
@@ -110,6 +113,14 @@ class Dialect(Protocol):
     errors: ErrorShape
     # How the summarizer asks the upstream for a summary in this API.
     summary_call: SummaryCall
+    # The client headers that may carry a key, in this API's way ("authorization" for a
+    # Bearer token; Anthropic's "x-api-key"): read for the proxy key that picks the
+    # tenant; replaced by `summary_call.credentials` when the tenant's upstream has a key
+    # of its own, else forwarded (and given to the summarizer's calls).
+    credential_headers: tuple[str, ...]
+    # Where the final bytes of this API's streamed answer begin (chat's `data: [DONE]`):
+    # they wait for the request's archive record (`edge.relay.FinalBytesGate`).
+    stream_end: bytes
 
     def parse(self, raw: bytes) -> Parsed | Unparsed: ...
 

@@ -63,6 +63,7 @@ class ChatSummaryCall:
     """The summarizer's call as a Chat Completion: a system and a user message."""
 
     path = "/v1/chat/completions"
+    headers: Mapping[str, str] = {}
 
     def request(
         self, model: str, system: str, user: str, options: Mapping[str, Any]
@@ -97,6 +98,8 @@ class ChatDialect:
     output_limit_keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
     errors: ErrorShape = OPENAI_ERRORS
     summary_call: SummaryCall = CHAT_SUMMARY
+    credential_headers: tuple[str, ...] = ("authorization",)
+    stream_end = b"data: [DONE]"
 
     def parse(self, raw: bytes) -> Parsed | Unparsed:
         loaded = parse_json(raw)

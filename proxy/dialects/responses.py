@@ -170,6 +170,10 @@ class ResponsesDialect:
     # The summarizer asks as a Chat Completion: every upstream that serves the Responses
     # API here (OpenAI, vLLM, ...) serves that too.
     summary_call: SummaryCall = CHAT_SUMMARY
+    credential_headers: tuple[str, ...] = ("authorization",)
+    # The event holding the whole response; a stream that fails ends in another, and
+    # then only the end of the body waits.
+    stream_end = b"event: response.completed"
 
     def parse(self, raw: bytes) -> Parsed | Unparsed:
         loaded = parse_json(raw)

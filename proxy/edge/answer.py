@@ -45,6 +45,7 @@ async def relay(
             committed,
             sse=response.headers.get("content-type", "").startswith("text/event-stream"),
             length=_length(response.headers.get("content-length")),
+            marker=dialect.stream_end,
         )
     if responder.started:
         # The SSE stream is already open (compaction progress was sent): an

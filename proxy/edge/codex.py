@@ -34,7 +34,7 @@ from proxy.edge.relay import Scope, until_disconnect
 from proxy.edge.route import Call, Route
 from proxy.errors import BadRequest, RecapError
 from proxy.history.conversation_ref import ConversationRef
-from proxy.history.identity import conversation_ref, is_derived, resolve_tenant
+from proxy.history.identity import conversation_ref, credentials_of, is_derived, resolve_tenant
 from proxy.history.messages import fingerprint
 from proxy.pipeline import ClientHistory
 from proxy.planning.remote import (
@@ -185,7 +185,7 @@ class _Compaction(Route):
             conv,
             parsed.messages,
             model=model,
-            authorization=headers.get("authorization"),
+            credentials=credentials_of(headers, self.dialect.credential_headers),
             request_id=record.request_id,
             size=size,
             client=client,

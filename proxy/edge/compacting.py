@@ -51,7 +51,7 @@ class CompactingRoute(Route):
 
     async def handle(self, call: Call) -> None:
         call.record.route = self.dialect.name
-        tenant = resolve_tenant(call.state.config, call.headers)
+        tenant = resolve_tenant(call.state.config, call.headers, self.dialect.credential_headers)
         call.record.tenant = tenant.name
         incoming, exchange = await take_in(call, tenant, self.dialect)
         await until_disconnect(call.receive, self._serve(call, tenant, incoming, exchange))
@@ -63,7 +63,7 @@ class CompactingRoute(Route):
         if exchange is not None and exchange.stream:
             exchange.notify = sse_notifier(responder, exchange)
             exchange.keepalive_s = call.state.config.listen.sse_keepalive_s
-        payload, out_headers = await plan(call, tenant, incoming, exchange)
+        payload, out_headers = await plan(call, tenant, incoming, exchange, self.dialect)
         # Arrival to forwarding (of the first try: a retry's time is the upstream's too).
         record.overhead_ms = round((time.perf_counter() - call.start) * 1000, 1)
         # The request's archive record is made once the body is on the wire, so making it

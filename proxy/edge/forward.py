@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from proxy.config import Tenant
+from proxy.dialects.base import Dialect
 from proxy.edge.body import Incoming
 from proxy.edge.overflow import detect, retry_exchange, retry_window
 from proxy.edge.route import Call
@@ -36,11 +37,18 @@ Sent = httpx.Response | RecapError
 
 
 async def plan(
-    call: Call, tenant: Tenant, incoming: Incoming, exchange: Exchange | None
+    call: Call, tenant: Tenant, incoming: Incoming, exchange: Exchange | None, dialect: Dialect
 ) -> tuple[bytes, Headers]:
-    """Run the pipeline; the body to forward and its headers: unchanged, the very
-    bytes the client sent with their Content-Encoding."""
-    headers = request_headers(call.scope["headers"], tenant.upstream, keep_encoding=True)
+    """Run the pipeline; the body to forward and its headers (the route's API's way of
+    carrying a key, `dialect`): unchanged, the very bytes the client sent with their
+    Content-Encoding."""
+    headers = request_headers(
+        call.scope["headers"],
+        tenant.upstream,
+        keep_encoding=True,
+        credential_headers=dialect.credential_headers,
+        credentials=dialect.summary_call.credentials,
+    )
     if exchange is None:
         return incoming.raw, headers
     await call.state.pipeline.run(exchange)
@@ -86,10 +94,12 @@ async def recover(
         return replayed(response, body, rest), exchange, committed
     await response.aclose()
     state = call.state
-    estimate = exchange.measure.total(exchange.messages)
+    # The upstream's counts are of the whole prompt: the tool definitions too.
+    fixed = exchange.fixed_tokens
+    estimate = exchange.measure.total(exchange.messages) + fixed
     if overflow.prompt_tokens:
         state.calibration.observe(tenant.name, exchange.model, estimate, overflow.prompt_tokens)
-    window = retry_window(overflow, estimate, exchange.context_window)
+    window = max(1, retry_window(overflow, estimate, exchange.context_window + fixed) - fixed)
     call.record.overflow = OverflowRetry(overflow.limit, overflow.prompt_tokens, estimate, window)
     log.warning(
         "upstream context overflow (%s): compacting harder on a %d-token window, retrying once",
@@ -104,7 +114,7 @@ async def recover(
             exchange, {"status": response.status_code, "error": "context_length_exceeded"}
         )
     retry = retry_exchange(exchange, window)
-    payload, headers = await plan(call, tenant, incoming, retry)
+    payload, headers = await plan(call, tenant, incoming, retry, retry.dialect)
     sent, committed = await forward(call, tenant, payload, headers, retry)
     return sent, retry, committed
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from proxy.config import Tenant
 from proxy.dialects.base import Dialect, Parsed, PassReason, Unparsed
@@ -19,11 +20,28 @@ from proxy.edge.body import CLIENT_HISTORY, Incoming, read_request
 from proxy.edge.route import Call
 from proxy.history.identity import conversation_ref
 from proxy.history.measure import Measure
-from proxy.history.messages import classify
+from proxy.history.messages import classify, json_bytes
 from proxy.pipeline import Control, Exchange
 from proxy.stages.offload import off_loop
 
 log = logging.getLogger("recap.chat")
+
+
+# A bound of JSON's tokens that tokenizes nothing: tool schemas run at 3 to 4 bytes a token.
+TOOL_BYTES_PER_TOKEN = 4
+
+
+def tool_tokens(body: Mapping[str, Any]) -> int:
+    """What the request's tool definitions (`tools`, in every API Recap serves) add to its
+    prompt: the upstream counts them, the history's count does not (an agent such as
+    Claude Code sends thousands of tokens of them)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return 0
+    try:
+        return len(json_bytes(tools)) // TOOL_BYTES_PER_TOKEN
+    except (TypeError, ValueError, RecursionError):
+        return 0
 
 
 def control_of(headers: Mapping[str, str]) -> Control:
@@ -71,6 +89,7 @@ async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incomin
         ),
     )
     model = body.get("model") if isinstance(body.get("model"), str) else None
+    fixed = tool_tokens(body)
     measure = Measure(state.counter, model)
     measure.bound_by(view.messages, len(incoming.decoded))
     exchange = Exchange(
@@ -82,8 +101,12 @@ async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incomin
         messages=view.messages,
         dialect=dialect,
         classification=classify(view.messages),
-        # In Recap's tokens, as calibrated from this tenant's usage for the model.
-        context_window=state.calibration.window(tenant.name, model, config.context_window(model)),
+        # In Recap's tokens, as calibrated from this tenant's usage for the model, less
+        # what the tool definitions take of it.
+        context_window=max(
+            1, state.calibration.window(tenant.name, model, config.context_window(model)) - fixed
+        ),
+        fixed_tokens=fixed,
         measure=measure,
         control=control_of(call.headers),
         body_bytes=len(incoming.decoded),

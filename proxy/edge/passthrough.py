@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 import httpx
 
 from proxy.config import Upstream
+from proxy.dialects.base import Dialect
+from proxy.dialects.chat import ChatDialect
 from proxy.edge.relay import (
     Receive,
     Responder,
@@ -34,12 +36,19 @@ from proxy.upstream.client import (
 
 
 class Passthrough(Route):
-    """Forward the request as it came; its answer back as it comes."""
+    """Forward the request as it came; its answer back as it comes. Under an API's own
+    paths (`/v1/messages/...`) it carries keys and writes Recap's errors in that API's
+    way (`dialect`); elsewhere as chat's."""
+
+    def __init__(self, dialect: Dialect | None = None) -> None:
+        self.dialect: Dialect = dialect if dialect is not None else ChatDialect()
+        self.errors = self.dialect.errors
 
     async def handle(self, call: Call) -> None:
         state, scope, headers = call.state, call.scope, call.headers
         limit = state.config.max_body_bytes
-        tenant = resolve_tenant(state.config, headers)
+        keys = self.dialect.credential_headers
+        tenant = resolve_tenant(state.config, headers, keys)
         call.record.tenant = tenant.name
         declared = content_length(scope)
         check_declared(declared, limit)
@@ -47,7 +56,13 @@ class Passthrough(Route):
         body_done = asyncio.Event()
         upstream = tenant.upstream
         client = state.upstreams.client(upstream)
-        out_headers = request_headers(scope["headers"], upstream, keep_encoding=True)
+        out_headers = request_headers(
+            scope["headers"],
+            upstream,
+            keep_encoding=True,
+            credential_headers=keys,
+            credentials=self.dialect.summary_call.credentials,
+        )
         if declared is not None:
             out_headers.append((b"content-length", str(declared).encode()))
         request = client.build_request(

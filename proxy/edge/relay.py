@@ -184,15 +184,24 @@ class FinalBytesGate:
     """Forwards an answer as it arrives, except its final bytes: those wait for `committed`.
 
     So a client never holds a complete answer whose request is not yet on disk. What is
-    held back: in an SSE stream, the `data: [DONE]` event onwards (or, without one, only
-    the end of the body); in a body with a Content-Length, its last chunk; in one
-    without, one chunk at a time. Everything before goes out at once, so the first
+    held back: in an SSE stream, its API's final event onwards (`marker`: chat's
+    `data: [DONE]`, the route's dialect's `stream_end`; without one, only the end of the
+    body); in a body with a Content-Length, its last chunk; in one without, one chunk at
+    a time. Everything before goes out at once, so the first
     byte is never delayed; the commit started before the request went upstream, so by
     the end of a model's answer it is normally long done.
     """
 
-    def __init__(self, committed: Awaitable[bool], *, sse: bool, length: int | None) -> None:
+    def __init__(
+        self,
+        committed: Awaitable[bool],
+        *,
+        sse: bool,
+        length: int | None,
+        marker: bytes = DONE_MARKER,
+    ) -> None:
         self._committed = committed
+        self._marker = marker
         self._sse = sse
         self._length = length
         self._seen = 0
@@ -213,8 +222,8 @@ class FinalBytesGate:
         self._seen += len(chunk)
         if self._sse:
             window = self._tail + chunk
-            at = window.find(DONE_MARKER)
-            self._tail = window[-len(DONE_MARKER) :]
+            at = window.find(self._marker)
+            self._tail = window[-len(self._marker) :]
             if at < 0:
                 await responder.chunk(chunk)
                 return

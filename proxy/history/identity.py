@@ -32,6 +32,24 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
     return token.strip()
 
 
+def presented_keys(headers: Mapping[str, str], names: Sequence[str]) -> list[str]:
+    """The keys a request presents in the headers its API carries them in (`names`, a
+    dialect's `credential_headers`): a Bearer token from `authorization`, any other such
+    header's value as it is (Anthropic's `x-api-key`)."""
+    out: list[str] = []
+    for name in names:
+        token = bearer_token(headers) if name == "authorization" else headers.get(name, "").strip()
+        if token:
+            out.append(token)
+    return out
+
+
+def credentials_of(headers: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
+    """The headers among `names` the request carries: the client's own credential, given
+    to the summarizer's calls when the upstream has no key of its own."""
+    return {name: headers[name] for name in names if headers.get(name)}
+
+
 def is_admin_key(config: Config, token: str | None) -> bool:
     # compare_digest: do not leak key prefixes through timing.
     return token is not None and any(
@@ -39,23 +57,27 @@ def is_admin_key(config: Config, token: str | None) -> bool:
     )
 
 
-def resolve_tenant(config: Config, headers: Mapping[str, str]) -> Tenant:
+def resolve_tenant(
+    config: Config, headers: Mapping[str, str], key_headers: Sequence[str] = ("authorization",)
+) -> Tenant:
     """The tenant whose proxy key was presented, else the open tenant, else 401.
 
-    An admin key is never a chat key, not even for the open tenant (which would
-    otherwise take it as "some key of the client's own" and forward it upstream).
+    The key is read where the route's API carries it (`key_headers`: a Bearer token by
+    default; also `x-api-key` on the Messages API). An admin key is never a chat key, not
+    even for the open tenant (which would otherwise take it as "some key of the client's
+    own" and forward it upstream).
     """
-    token = bearer_token(headers)
-    if is_admin_key(config, token):
+    tokens = presented_keys(headers, key_headers)
+    if any(is_admin_key(config, token) for token in tokens):
         raise Unauthorized("An admin key is for the /v1/recap/ operator routes only.")
-    if token is not None:
+    for token in tokens:
         for tenant in config.tenants.values():
             if any(hmac.compare_digest(token.encode(), k.encode()) for k in tenant.api_keys):
                 return tenant
     for tenant in config.tenants.values():
         if tenant.is_open:
             return tenant
-    raise Unauthorized("Invalid proxy API key." if token else "Missing proxy API key.")
+    raise Unauthorized("Invalid proxy API key." if tokens else "Missing proxy API key.")
 
 
 def _check_sent_key(key: str, source: str) -> str:

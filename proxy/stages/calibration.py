@@ -32,6 +32,8 @@ MIN_RATIO = 1.0
 MAX_RATIO = 4.0
 # Weight of a new observation in the moving average.
 ALPHA = 0.3
+# Usage fields of prompt tokens the prompt cache read or wrote, beside `input_tokens`.
+CACHED_INPUT_KEYS = ("cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,15 @@ def calibrate(state: _HasCalibration, ex: Exchange, answer: Mapping[str, Any]) -
         return
     # Chat's `prompt_tokens`; the Responses API's (and Anthropic's) `input_tokens`.
     actual = usage.get("prompt_tokens", usage.get("input_tokens"))
+    if isinstance(actual, int) and "prompt_tokens" not in usage:
+        # Anthropic's `input_tokens` counts only what its prompt cache did not serve or
+        # store: the prompt is all three.
+        for key in CACHED_INPUT_KEYS:
+            value = usage.get(key)
+            actual += value if isinstance(value, int) else 0
     if isinstance(actual, int) and isinstance(estimate, int):
-        state.calibration.observe(ex.tenant.name, ex.model, estimate, actual)
+        # The upstream counted the tool definitions too.
+        state.calibration.observe(ex.tenant.name, ex.model, estimate + ex.fixed_tokens, actual)
 
 
 class _HasCalibration(Protocol):

@@ -277,7 +277,7 @@ class LoopStage:
                     **values,
                 },
                 model=ex.model,
-                authorization=ex.headers.get("authorization"),
+                credentials=ex.credentials,
                 max_chars=session.max_summary_chars,
                 call=ex.dialect.summary_call,
                 replaced=[

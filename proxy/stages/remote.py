@@ -24,6 +24,7 @@ from typing import Any
 
 from proxy.archive.archiver import message_json
 from proxy.config import Config, Tenant
+from proxy.dialects.base import SummaryCall
 from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import CompactionFailed, Conflict
 from proxy.history.messages import Message, chain_of, fingerprint, is_pinned, split_pinned
@@ -63,6 +64,8 @@ class Compacted:
     usage: Usage
     version: int
     reused: bool
+    # The summary the item refers to (Claude Code's compaction is answered with it).
+    summary: str = ""
 
 
 class RemoteCompactor:
@@ -108,18 +111,20 @@ class RemoteCompactor:
         messages: Sequence[Message],
         *,
         model: str | None,
-        authorization: str | None,
+        credentials: Mapping[str, str],
         request_id: str,
         size: int,
         client: ClientHistory | None = None,
+        call: SummaryCall = ResponsesDialect.summary_call,
     ) -> Compacted:
         """One summary version standing for the history `messages` (the neutral view of
         an input whose compaction items are already expanded), and the compaction item
         referencing it. As for session summaries, the leading instructions are not in it
         and later ones are not summarised. `client`: the history as the client sent it,
-        when it held compaction items (archived too). `size`: the bytes of the request's body; for a
-        large one the history is hashed, counted and rendered off the event loop
-        (proxy.stages.offload). Raises Conflict (nothing to compact) or CompactionFailed
+        when it held compaction items (archived too). `size`: the bytes of the request's
+        body; for a large one the history is hashed, counted and rendered off the event
+        loop (proxy.stages.offload). `call`: the API the summarizer asks in (Codex's is
+        the Responses API's). Raises Conflict (nothing to compact) or CompactionFailed
         (the summarizer failed)."""
 
         def count(text: str) -> int:
@@ -196,16 +201,14 @@ class RemoteCompactor:
                         scene,
                         {"transcript": transcript, **values, "existing_summary": summary},
                         model=model,
-                        authorization=authorization,
+                        credentials=credentials,
                         max_chars=policy.max_summary_chars,
                         replaced=[
                             *([Earlier(summary)] if summary else []),
                             *guarded,
                         ],
                         max_tokens=limits.max_tokens,
-                        # Codex's own API is the Responses API; its summary is asked for
-                        # as every Responses request's is.
-                        call=ResponsesDialect.summary_call,
+                        call=call,
                     )
                 except SummarizerFailed as exc:
                     detail = retry_detail(exc.reason, int(exc.retried), 0)
@@ -256,7 +259,7 @@ class RemoteCompactor:
     ) -> Compacted:
         token = issue(secret, tenant.name, Reference(conv.key, version, boundary))
         usage = Usage(tokens_before, self.counter.count_text(summary, None))
-        return Compacted(compaction_item(token), usage, version, reused)
+        return Compacted(compaction_item(token), usage, version, reused, summary)
 
     async def _audit(
         self,

@@ -292,7 +292,7 @@ class SessionStage:
                         scene,
                         {"transcript": transcript, **values},
                         model=ex.model,
-                        authorization=ex.headers.get("authorization"),
+                        credentials=ex.credentials,
                         max_chars=policy.max_summary_chars,
                         # The stored summary merged into (Earlier): what the merge dropped
                         # from it is restored. The current message is input the summary does

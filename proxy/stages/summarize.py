@@ -106,22 +106,24 @@ class Summarizer:
         values: Mapping[str, str | int],
         *,
         model: str | None,
-        authorization: str | None,
+        credentials: Mapping[str, str],
         max_chars: int,
         replaced: Sequence[Any] = (),
         max_tokens: int | None = None,
         call: SummaryCall = CHAT_SUMMARY,
     ) -> SummaryResult:
-        """One summary (one call, two after a length cut); `replaced` are the messages the
+        """One summary (one call, two after a length cut); `credentials` are the client's
+        own key headers (sent when the upstream has no key); `replaced` are the messages the
         summary stands for (guarded); `max_tokens` overrides the scene's; `call` is the
-        API to ask in."""
+        API to ask in on the tenant's upstream (a separate `summarizer.upstream` is asked
+        as a Chat Completion: an OpenAI-compatible summarizer)."""
         chosen = scene.model or model
         if not chosen:
             raise SummarizerFailed("no model for the summarizer call")
         limit = max_tokens if max_tokens is not None else scene.max_tokens
 
         async def ask(retry: bool, asked: Mapping[str, str | int]) -> _Answer:
-            return await self._call(tenant, scene, asked, chosen, authorization, limit, retry, call)
+            return await self._call(tenant, scene, asked, chosen, credentials, limit, retry, call)
 
         first = await ask(False, values)
         answer, problem = first, check_summary(first.text, first.finish, max_chars)
@@ -172,7 +174,7 @@ class Summarizer:
         scene: Scene,
         values: Mapping[str, str | int],
         chosen: str,
-        authorization: str | None,
+        credentials: Mapping[str, str],
         max_tokens: int | None,
         length_retry: bool,
         call: SummaryCall,
@@ -185,13 +187,15 @@ class Summarizer:
                 options[key] = value
         if max_tokens is not None:
             options["max_tokens"] = max_tokens
+        if tenant.summarizer.upstream is not None:
+            call = CHAT_SUMMARY
         body = call.request(chosen, system, user, options)
         upstream = tenant.summarizer.upstream or tenant.upstream
-        headers = {"content-type": "application/json", PURPOSE_HEADER: "summarize"}
+        headers = {"content-type": "application/json", PURPOSE_HEADER: "summarize", **call.headers}
         if upstream.api_key:
             headers.update(call.credentials(upstream.api_key))
-        elif authorization:
-            headers["authorization"] = authorization
+        else:
+            headers.update(credentials)
         timeout = httpx.Timeout(tenant.summarizer.timeout_s, connect=upstream.connect_timeout_s)
         client = self.upstreams.client(upstream)
         start = time.perf_counter()
@@ -202,7 +206,7 @@ class Summarizer:
                         "POST",
                         upstream_url(upstream, call.path, b""),
                         content=json_bytes(body),
-                        # latin-1: the client's Authorization is forwarded byte for byte.
+                        # latin-1: the client's key headers are forwarded byte for byte.
                         headers=httpx.Headers(headers, encoding="latin-1"),
                         timeout=timeout,
                     )

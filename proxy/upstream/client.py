@@ -15,6 +15,7 @@ from collections.abc import (
     AsyncIterable,
     AsyncIterator,
     Callable,
+    Collection,
     Iterable,
     Iterator,
     Mapping,
@@ -192,11 +193,23 @@ def upstream_url(upstream: Upstream, path: str, query: bytes) -> str:
     return url + "?" + query.decode("latin-1") if query else url
 
 
+def bearer(api_key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"}
+
+
 def request_headers(
-    raw: Iterable[tuple[bytes, bytes]], upstream: Upstream, *, keep_encoding: bool
+    raw: Iterable[tuple[bytes, bytes]],
+    upstream: Upstream,
+    *,
+    keep_encoding: bool,
+    credential_headers: Collection[str] = ("authorization",),
+    credentials: Callable[[str], Mapping[str, str]] = bearer,
 ) -> list[tuple[bytes, bytes]]:
     """Client headers minus hop-by-hop ones; the tenant's upstream key replaces the client's.
 
+    `credential_headers` are where the route's API carries a key (a dialect's), all of
+    them dropped when the upstream has a key of its own, which goes up as `credentials`
+    writes it (a Bearer token by default).
     Values stay the bytes the client sent: HTTP allows any octet from 0x80 up in a value,
     and httpx would encode a str value as ASCII (and fail the request).
     keep_encoding=False drops Accept-Encoding so httpx negotiates and decodes the
@@ -207,13 +220,14 @@ def request_headers(
         name = k.decode("latin-1").lower()
         if name in HOP_BY_HOP or name.startswith(RECAP_HEADER_PREFIX):
             continue
-        if name == "authorization" and upstream.api_key:
+        if name in credential_headers and upstream.api_key:
             continue
         if name == "accept-encoding" and not keep_encoding:
             continue
         out.append((name.encode("latin-1"), v))
     if upstream.api_key:
-        out.append((b"authorization", f"Bearer {upstream.api_key}".encode("latin-1")))
+        for name, value in credentials(upstream.api_key).items():
+            out.append((name.encode("latin-1"), value.encode("latin-1")))
     return out
 
 

@@ -34,6 +34,7 @@ class OtherCall:
 
     # Under the upstream's base URL (`.../v1`), as every call of Recap's is.
     path = "/v1/think"
+    headers: Mapping[str, str] = {"x-think-version": "7"}
 
     def request(
         self, model: str, system: str, user: str, options: Mapping[str, Any]
@@ -80,7 +81,7 @@ async def test_the_summarizer_asks_in_the_api_it_is_given(
             SCENE,
             {"transcript": "User: X please"},
             model="m-1",
-            authorization=None,
+            credentials={},
             max_chars=500,
             call=OtherCall(),
         )
@@ -96,6 +97,32 @@ async def test_the_summarizer_asks_in_the_api_it_is_given(
         "limits": {"temperature": 0.2, "max_tokens": 300},
     }
     assert asked["headers"]["x-secret"] == "k-1" and "authorization" not in asked["headers"]
+    assert asked["headers"]["x-think-version"] == "7"
+
+
+async def test_without_a_key_of_its_own_the_upstream_gets_the_clients_key_headers(
+    upstream: tuple[list[dict[str, Any]], str],
+) -> None:
+    # An Anthropic client's key is its x-api-key: forwarded as it came, nothing else added.
+    seen, url = upstream
+    config = parse_config({"tenants": {"t": {"upstream": {"base_url": f"{url}/v1"}}}})
+    tenant = next(iter(config.tenants.values()))
+    pool = UpstreamPool([tenant.upstream])
+    try:
+        await Summarizer(pool, config.tenants).summarize(
+            tenant,
+            SCENE,
+            {"transcript": "User: X please"},
+            model="m-1",
+            credentials={"x-api-key": "sk-client"},
+            max_chars=500,
+            call=OtherCall(),
+        )
+    finally:
+        await pool.aclose()
+    (asked,) = seen
+    assert asked["headers"]["x-api-key"] == "sk-client"
+    assert "x-secret" not in asked["headers"] and "authorization" not in asked["headers"]
 
 
 def test_the_chat_call_is_a_chat_completion() -> None:
