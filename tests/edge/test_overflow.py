@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -307,3 +308,38 @@ def test_a_retry_that_fails_is_archived_as_the_retry(
     assert [a["request_id"] for a in answers] == requests
     assert answers[0]["error"] == "context_length_exceeded"
     assert answers[1]["status"] >= 500
+
+
+async def _error_then_reset(scope: Any, receive: Any, send: Any) -> None:
+    """An upstream that answers 400 and drops the connection inside its error body."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"4000")],
+        }
+    )
+    await send(
+        {"type": "http.response.body", "body": b'{"error": {"message": "max', "more_body": True}
+    )
+    raise ConnectionResetError("the upstream went away inside its error answer")
+
+
+def test_a_reset_inside_the_upstreams_error_answer_is_a_502(tmp_path: Path) -> None:
+    """Reading the error answer (to tell an overflow) is inside the httpx boundary: a reset
+    there is the upstream's failure, 502 in the OpenAI shape (on ce59ff6: a 500
+    internal_error)."""
+    with ExitStack() as stack:
+        upstream = stack.enter_context(serve(_error_then_reset))
+        base = stack.enter_context(serve(create_app(make_config(upstream, tmp_path))))
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+    assert r.status_code == 502, r.text
+    assert r.json()["error"]["code"] == "upstream_unreachable"
