@@ -56,6 +56,7 @@ import aiosqlite
 from proxy.store.base import ConversationRef, KeyedLocks, StoreError, SummaryVersion
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import migrate_sqlite
+from proxy.store.private import make_private
 from proxy.store.rows import Tx
 from proxy.store.sql import Candidates, SqlStore
 from proxy.store.sqlite_faults import (
@@ -220,8 +221,8 @@ class SqliteStore(SqlStore):
                 # mode=rw: a file deleted under us is reported missing, not re-created.
                 path, uri = f"file:{quote(os.path.abspath(self._path))}?mode=rw", True
             else:
-                parent = os.path.dirname(os.path.abspath(self._path))
-                os.makedirs(parent, exist_ok=True)
+                # Owner-only: it holds every conversation and the compaction secret.
+                make_private(self._path)
         db = await aiosqlite.connect(path, isolation_level=None, uri=uri)
         try:
             # busy_timeout first: the pragmas below may already wait on a lock.
