@@ -69,6 +69,7 @@ from proxy.store.sqlite_faults import (
     fault_reason,
     translated,
 )
+from proxy.store.sqlite_lock import FileLocks
 
 log = logging.getLogger("recap.store")
 
@@ -183,6 +184,7 @@ class SqliteStore(SqlStore):
         self._db: aiosqlite.Connection | None = None
         self._mutex = asyncio.Lock()
         self._locks: KeyedLocks[ConversationRef] = KeyedLocks()
+        self._files = FileLocks(path) if path != MEMORY else None
         self._summaries = SummaryCache()
         # open() was called and close() was not: a lost connection is to be re-made.
         self._wanted = False
@@ -263,6 +265,8 @@ class SqliteStore(SqlStore):
         async with self._mutex:
             self._wanted = False
             db, self._db = self._db, None
+            if self._files is not None:
+                self._files.close()
             if db is not None:
                 with translated():
                     await db.close()
@@ -375,8 +379,10 @@ class SqliteStore(SqlStore):
         await super().check_writable()
 
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:
-        # In-process only: one proxy process owns a SQLite file.
-        return self._locks.hold(conv)
+        # Across processes (the CLI beside a server): proxy/store/sqlite_lock.py.
+        if self._files is None:
+            return self._locks.hold(conv)
+        return self._files.hold(conv)
 
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
         async with self._read() as db:
