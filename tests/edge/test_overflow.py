@@ -343,3 +343,40 @@ def test_a_reset_inside_the_upstreams_error_answer_is_a_502(tmp_path: Path) -> N
         )
     assert r.status_code == 502, r.text
     assert r.json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_the_retry_folds_everything_before_the_current_turn(url: str, fake: FakeUpstream) -> None:
+    """Harder is forced: the retry's session summary covers every turn before the
+    question (an unforced plan on the tighter window keeps the recent turns that fit)."""
+    messages = history(18, "f")
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers={"x-conversation-id": "fold-all"},
+    )
+    assert raw.parse().choices[0].message.content == "Answered within the window."
+    assert raw.headers["x-recap-overflow-retry"] == "1"
+    _, retry = fake.chat_requests()
+    sent = retry.json["messages"]
+    assert sent[0] == messages[0]
+    assert "<recap-summary" in sent[1]["content"]
+    assert sent[2:] == [messages[-1]]  # nothing raw before the question
+
+
+def test_the_retry_is_planned_on_the_tighter_window(url: str, fake: FakeUpstream) -> None:
+    """With the summarizer down, only the last resort can make the retry fit: on the
+    window the upstream's error gives (planned on the first try's, the view already fits
+    it and would overflow again)."""
+    fake.summarize = lambda body: Reply(status=500)
+    messages = history(18, "g")
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers={"x-conversation-id": "tighter"},
+    )
+    assert raw.parse().choices[0].message.content == "Answered within the window."
+    assert raw.headers["x-recap-overflow-retry"] == "1"
+    assert int(raw.headers["x-recap-dropped-messages"]) > 0
+    _, retry = fake.chat_requests()
+    assert upstream_count(retry.json) <= LIMIT
+    assert retry.json["messages"][-1] == messages[-1]
