@@ -9,11 +9,14 @@ per episode (the handler is driven with a fake clock).
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,7 +25,16 @@ from proxy.app import create_app
 from proxy.config import Listen
 from proxy.edge.serving import AcceptErrors, protocol_for
 from tests.conftest import LogCapture, make_config
+from tests.fakes import FakeUpstream
 from tests.servers import serve
+from tests.slow import (
+    EndlessStreams,
+    Trickler,
+    chat_head,
+    connect,
+    read_until_closed,
+    stream_request,
+)
 
 HANG_GUARD_S = 60  # only so a broken build fails instead of hanging the suite
 
@@ -34,13 +46,6 @@ def guarded(upstream_url: str, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def connect(url: str) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    sock.settimeout(HANG_GUARD_S)
-    return sock
-
-
 def closed_by_server(sock: socket.socket) -> bool:
     """Blocks until the server closes the connection (EOF or reset)."""
     try:
@@ -49,19 +54,6 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True
     finally:
         sock.close()
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (EOF or reset)."""
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    finally:
-        sock.close()
-    return data
 
 
 def test_idle_and_trickling_sockets_are_closed(guarded: str) -> None:
@@ -121,3 +113,129 @@ def test_accept_errors_are_logged_once_per_episode(logs: LogCapture) -> None:
     assert len(lines) == 2
     assert "5000 failures" in lines[1]["msg"]
     logging.getLogger("recap.server").handlers.clear()
+
+
+# --- bodies and responses that crawl (issue 23 items 4 and 5) -----------------------------
+
+
+@pytest.fixture
+def endless() -> Iterator[tuple[EndlessStreams, str]]:
+    streams = EndlessStreams()
+    with serve(streams, lifespan="off") as url:
+        yield streams, url
+
+
+def served(upstream: str, tmp_path: Path, **listen: Any) -> Any:
+    config = make_config(upstream, tmp_path)
+    return serve(create_app(config), http=protocol_for(Listen(**listen)))
+
+
+def test_a_trickled_body_gets_408_and_its_connection_closed(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """Complete headers, then a byte every 50 ms (20 B/s, under `body_min_rate`): on
+    ce59ff6 the connection stayed open for as long as the client liked."""
+    stop = threading.Event()
+    with served(upstream_url, tmp_path, body_timeout_s=0.5, body_min_rate=1000) as url:
+        slow = Trickler(url, 0.05, stop)
+        answer = read_until_closed(slow.sock)
+        stop.set()
+        assert httpx.get(f"{url}/healthz", timeout=HANG_GUARD_S).status_code == 200
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
+
+
+def test_a_body_at_a_fair_rate_is_never_cut(
+    upstream_url: str, tmp_path: Path, fake: FakeUpstream
+) -> None:
+    """A second of credit for every `body_min_rate` bytes: a body sent in pieces over
+    longer than `body_timeout_s` goes through whole."""
+    payload = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    raw = (payload + " " * 40_000).encode()
+    with served(upstream_url, tmp_path, body_timeout_s=0.3, body_min_rate=1000) as url:
+        sock = connect(url)
+        sock.sendall(chat_head(len(raw)) + raw[:2000])
+        for i in range(2000, len(raw), 2000):
+            time.sleep(0.05)  # 40 KB/s: 2 s of credit a piece
+            sock.sendall(raw[i : i + 2000])
+        sock.sendall(b"")
+        answer = sock.recv(65536)
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    (sent,) = fake.chat_requests()
+    assert sent.json["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_past_the_bound_a_slow_body_makes_room_for_a_real_request(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """Twice the bound of trickled bodies, each far from its deadline: the request still
+    gets in, and the slow bodies closed to make room get a 408."""
+    stop = threading.Event()
+    with served(
+        upstream_url, tmp_path, max_connections=8, body_timeout_s=60, body_min_rate=1000
+    ) as url:
+        slow = [Trickler(url, 0.2, stop) for _ in range(16)]
+        time.sleep(1.5)  # only so each body is more than a second behind its rate
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=HANG_GUARD_S,
+        )
+        assert r.status_code == 200, r.text
+        stop.set()
+        answers = [read_until_closed(t.sock) for t in slow[:8]]
+    # The eight made room for the later ones and the request, with a 408 each.
+    assert sum(a.startswith(b"HTTP/1.1 408") for a in answers) >= 1
+
+
+def test_a_client_that_stops_reading_is_cut_and_its_upstream_stream_closed(
+    endless: tuple[EndlessStreams, str], tmp_path: Path
+) -> None:
+    streams, upstream = endless
+    with served(upstream, tmp_path, send_timeout_s=0.5) as url:
+        stuck = connect(url, rcvbuf=4096)
+        stuck.sendall(stream_request())
+        assert streams.wait(lambda s: s.open == 1, HANG_GUARD_S)
+        # Never read: the socket's buffers fill, the proxy's writes wait, and after
+        # send_timeout_s the client is cut and the upstream stream let go.
+        assert streams.wait(lambda s: s.ended == 1, HANG_GUARD_S), "the stream is still held"
+        assert closed_after_reading(stuck)
+
+
+def test_past_the_bound_a_stalled_response_makes_room_for_a_real_request(
+    endless: tuple[EndlessStreams, str], tmp_path: Path
+) -> None:
+    streams, upstream = endless
+    with served(upstream, tmp_path, max_connections=4, send_timeout_s=600) as url:
+        stuck = []
+        for _ in range(8):
+            sock = connect(url, rcvbuf=4096)
+            sock.sendall(stream_request())
+            stuck.append(sock)
+        assert streams.wait(lambda s: s.open + s.ended >= 4, HANG_GUARD_S)
+        time.sleep(1.5)  # only so each stalled response is stalled for over a second
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=HANG_GUARD_S,
+        )
+        assert r.status_code == 200, r.text
+        assert streams.wait(lambda s: s.ended >= 1, HANG_GUARD_S)
+        for sock in stuck:
+            sock.close()
+
+
+def closed_after_reading(sock: socket.socket) -> bool:
+    """Reads what the socket holds; True once the server has closed it."""
+    try:
+        while sock.recv(1 << 20):
+            pass
+    except ConnectionResetError:
+        pass
+    finally:
+        sock.close()
+    return True
