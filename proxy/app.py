@@ -65,10 +65,14 @@ def load_scenes(config: Config) -> dict[str, SceneSet]:
 
 
 def upstream_pool(config: Config) -> UpstreamPool:
-    """One client per distinct upstream: every tenant's, and every separate summarizer's."""
+    """A pool per tenant and upstream: every tenant's, and every separate summarizer's."""
     return UpstreamPool(
-        [t.upstream for t in config.tenants.values()]
-        + [t.summarizer.upstream for t in config.tenants.values() if t.summarizer.upstream]
+        [(t.name, t.upstream) for t in config.tenants.values()]
+        + [
+            (t.name, t.summarizer.upstream)
+            for t in config.tenants.values()
+            if t.summarizer.upstream
+        ]
     )
 
 

@@ -146,7 +146,7 @@ async def _send(
     `on_sent` runs as soon as the whole body is written (`RequestBody`), while the
     upstream works on it."""
     upstream = tenant.upstream
-    client = call.state.upstreams.client(upstream)
+    client = call.state.upstreams.client(tenant.name, upstream)
     content = RequestBody(payload, on_sent)
     request = client.build_request(
         "POST",

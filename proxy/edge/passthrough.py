@@ -46,7 +46,7 @@ class Passthrough(Route):
         has_body = declared is not None or "transfer-encoding" in headers
         body_done = asyncio.Event()
         upstream = tenant.upstream
-        client = state.upstreams.client(upstream)
+        client = state.upstreams.client(tenant.name, upstream)
         out_headers = request_headers(scope["headers"], upstream, keep_encoding=True)
         if declared is not None:
             out_headers.append((b"content-length", str(declared).encode()))

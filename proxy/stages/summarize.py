@@ -202,7 +202,7 @@ class Summarizer:
         elif authorization:
             headers["authorization"] = authorization
         timeout = httpx.Timeout(tenant.summarizer.timeout_s, connect=upstream.connect_timeout_s)
-        client = self.upstreams.client(upstream)
+        client = self.upstreams.client(tenant.name, upstream)
         start = time.perf_counter()
         async with self._slots.setdefault(tenant.name, asyncio.Semaphore(1)):
             try:

@@ -74,7 +74,7 @@ async def test_the_summarizer_asks_in_the_api_it_is_given(
     upstream_config = {"base_url": f"{url}/v1", "api_key": "k-1"}
     config = parse_config({"tenants": {"t": {"api_keys": [], "upstream": upstream_config}}})
     tenant = next(iter(config.tenants.values()))
-    pool = UpstreamPool([tenant.upstream])
+    pool = UpstreamPool([(tenant.name, tenant.upstream)])
     try:
         result = await Summarizer(pool, config.tenants).summarize(
             tenant,
@@ -146,7 +146,7 @@ async def test_a_compressed_answer_past_its_bound_fails_the_call_unread() -> Non
     with serve(bomb, lifespan="off") as url:
         config = parse_config({"tenants": {"t": {"upstream": {"base_url": f"{url}/v1"}}}})
         tenant = next(iter(config.tenants.values()))
-        pool = UpstreamPool([tenant.upstream])
+        pool = UpstreamPool([(tenant.name, tenant.upstream)])
         try:
             with pytest.raises(SummarizerFailed) as failed:
                 await Summarizer(pool, config.tenants).summarize(
