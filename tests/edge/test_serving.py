@@ -1,10 +1,15 @@
-"""Connection hygiene (issue 13 item 6) with real sockets against the proxy as served.
+"""Connection hygiene (issue 13 item 6, issue 23 items 4 and 5) with real sockets against
+the proxy as served.
 
-Idle sockets and sockets trickling header bytes are closed by the headers deadline;
-past the connection bound the socket that has waited longest is closed to make room,
-so a normal request still gets through. The tests wait for the close itself (the
-server's FIN), never for a wall-clock bound. And accept() failures are logged once
-per episode (the handler is driven with a fake clock).
+Idle sockets and sockets trickling header bytes are closed by the headers deadline; a
+body trickled under `body_min_rate` gets a 408 and its connection closed; a client that
+stops reading a stream is cut and the upstream stream it held is closed. Past the
+connection bound the socket that has kept the proxy waiting longest (for headers, for a
+body behind its rate, for a response it does not read) is closed to make room, so a
+normal request still gets through. The tests wait for the event itself (the server's
+FIN, its 408, the upstream's stream ending), never for a wall-clock bound; where they
+sleep, it is only to let a slow client fall behind, which only takes longer on a loaded
+machine. The body's clock and the once-per-episode logs are driven with fake times.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import Listen
-from proxy.edge.serving import AcceptErrors, protocol_for
+from proxy.edge.serving import AcceptErrors, BodyClock, SlowClients, protocol_for
 from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream
 from tests.servers import serve
@@ -239,3 +244,23 @@ def closed_after_reading(sock: socket.socket) -> bool:
     finally:
         sock.close()
     return True
+
+
+def test_the_body_clock_credits_bytes_and_never_counts_the_proxys_own_pauses() -> None:
+    clock = BodyClock(100.0, timeout_s=20, min_rate=1000)
+    assert clock.due() == 120.0
+    clock.received += 5000  # five seconds of credit
+    assert clock.due() == 125.0 and clock.behind(103.0) == -2.0
+    clock.pause(104.0)  # the proxy stopped reading (the app is not taking the body)
+    assert clock.due() == float("inf") and clock.behind(200.0) == -1.0
+    clock.resume(134.0)
+    assert clock.due() == 155.0 and clock.behind(137.0) == 2.0  # 7 s in, 5 s of credit
+
+
+def test_slow_clients_are_logged_once_per_episode(logs: LogCapture) -> None:
+    slow = SlowClients(quiet_s=10)
+    assert [slow.report("bodies", t / 10) for t in range(300)].count(True) == 1
+    assert slow.report("bodies", 100.0)
+    lines = [r for r in logs.records("recap.server") if r["level"] == "warning"]
+    assert len(lines) == 2 and "300 closed" in lines[1]["msg"]
+    logging.getLogger("recap.server").handlers.clear()
