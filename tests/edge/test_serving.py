@@ -184,7 +184,7 @@ def test_past_the_bound_a_slow_body_makes_room_for_a_real_request(
         upstream_url, tmp_path, max_connections=8, body_timeout_s=60, body_min_rate=1000
     ) as url:
         slow = [Trickler(url, 0.2, stop) for _ in range(16)]
-        time.sleep(1.5)  # only so each body is more than a second behind its rate
+        time.sleep(1.0)  # only so each body is behind its rate by more than SLOW_GRACE_S
         r = httpx.post(
             f"{url}/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -222,7 +222,7 @@ def test_past_the_bound_a_stalled_response_makes_room_for_a_real_request(
             sock.sendall(stream_request())
             stuck.append(sock)
         assert streams.wait(lambda s: s.open + s.ended >= 4, HANG_GUARD_S)
-        time.sleep(1.5)  # only so each stalled response is stalled for over a second
+        time.sleep(1.0)  # only so each response is stalled for longer than SLOW_GRACE_S
         r = httpx.post(
             f"{url}/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
