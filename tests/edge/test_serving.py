@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -177,14 +178,16 @@ def test_a_body_at_a_fair_rate_is_never_cut(
 def test_past_the_bound_a_slow_body_makes_room_for_a_real_request(
     upstream_url: str, tmp_path: Path
 ) -> None:
-    """Twice the bound of trickled bodies, each far from its deadline: the request still
-    gets in, and the slow bodies closed to make room get a 408."""
+    """Twice the bound of trickled bodies, each far from its deadline: each newcomer, and
+    then the request, gets in by closing the body furthest behind its rate, with a 408."""
     stop = threading.Event()
     with served(
         upstream_url, tmp_path, max_connections=8, body_timeout_s=60, body_min_rate=1000
     ) as url:
-        slow = [Trickler(url, 0.2, stop) for _ in range(16)]
+        first = [Trickler(url, 0.2, stop) for _ in range(8)]
         time.sleep(1.0)  # only so each body is behind its rate by more than SLOW_GRACE_S
+        second = [Trickler(url, 0.2, stop) for _ in range(8)]  # each closes one of `first`
+        time.sleep(1.0)
         r = httpx.post(
             f"{url}/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -192,9 +195,14 @@ def test_past_the_bound_a_slow_body_makes_room_for_a_real_request(
         )
         assert r.status_code == 200, r.text
         stop.set()
-        answers = [read_until_closed(t.sock) for t in slow[:8]]
-    # The eight made room for the later ones and the request, with a 408 each.
-    assert sum(a.startswith(b"HTTP/1.1 408") for a in answers) >= 1
+        answers = [read_until_closed(t.sock) for t in first]
+        # The request closed one of `second`: wait for its answer.
+        ready, _, _ = select.select([t.sock for t in second], [], [], HANG_GUARD_S)
+        assert ready, "the request got in without closing a slow body"
+        answers.append(read_until_closed(ready[0]))
+        for t in second:
+            t.sock.close()
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), [a[:20] for a in answers]
 
 
 def test_a_client_that_stops_reading_is_cut_and_its_upstream_stream_closed(
