@@ -163,7 +163,7 @@ def markdown(
                 billed(figures),
                 "",
             ]
-            parts += ["Targets (issue 6), on this input set:", ""]
+            parts += ["Targets set for this evaluation, on this input set:", ""]
             parts += [f"- {'met' if ok else '**missed**'}: {t}" for ok, t in verdicts(figures)]
             parts.append("")
     parts += notes

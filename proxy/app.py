@@ -113,9 +113,16 @@ def open_journal(config: Config, directory: Path | None) -> Journal | None:
     return journal
 
 
-def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> Starlette:
+def create_app(
+    config: Config,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    counter: TokenCounter | None = None,
+) -> Starlette:
     """The app for `config`; `clock` (monotonic seconds) times the circuit breakers'
-    cool-downs, so a test can advance a fake one instead of sleeping."""
+    cool-downs, so a test can advance a fake one instead of sleeping. `counter`: the token
+    counter to use (default: a new one, which builds its encoding at start-up, about a
+    second of CPU); a test suite that builds hundreds of apps passes one to them all."""
     from proxy.archive.retention import Retention
     from proxy.dialects.responses import ResponsesDialect
     from proxy.edge.codex import CodexGate, ResponsesCompact
@@ -137,8 +144,8 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         except StoreError as exc:
             # The proxy still forwards without a store; /readyz reports it.
             log.error("store unavailable at start-up: %s", exc)
-        counter = TokenCounter()
-        counter.count_text("warm up", None)  # load the default encoding now, not on a request
+        tokens = counter if counter is not None else TokenCounter()
+        tokens.count_text("warm up", None)  # load the default encoding now, not on a request
         journals = journal_dir(config.store, config.archive.journal_dir, config.base_dir)
         archiver = Archiver(store, journal=open_journal(config, journals))
         if journals is not None:
@@ -148,7 +155,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         state = AppState(
             config=config,
             upstreams=upstreams,
-            counter=counter,
+            counter=tokens,
             store=store,
             archiver=archiver,
             fingerprints=FingerprintCache(),
@@ -157,7 +164,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         )
         state.pipeline = Pipeline(build_stages(state))
         state.remote = RemoteCompactor(
-            config, store, Summarizer(upstreams, config.tenants), load_scenes(config), counter
+            config, store, Summarizer(upstreams, config.tenants), load_scenes(config), tokens
         )
         retention: asyncio.Task[None] | None = None
         if config.archive.retention_days > 0:

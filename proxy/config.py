@@ -3,7 +3,9 @@
 Read once at start-up (`load_config`) and handed to `create_app`; nothing else in
 the package reads files or the environment for settings. Unknown keys are
 rejected by their dotted name, and `${ENV_VAR}` / `${ENV_VAR:-default}` is
-interpolated in string values so secrets stay out of the file.
+interpolated in string values so secrets stay out of the file: `${ENV_VAR}` unset or
+empty is an error naming the variable and the key, so a missing secret stops the start
+instead of failing every request.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -182,6 +185,23 @@ class StorePool:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    """What a command that only uses the store reads from a config: the store, its pool,
+    the archive settings (journal, retention) and the tenants' names.
+
+    `load_store_settings` resolves `${VAR}` in these keys only, so `recap conversations`
+    and the like run in a shell that has none of the server's upstream or admin keys;
+    `Config.store_settings()` is the same taken from a whole config.
+    """
+
+    store: str
+    store_pool: StorePool
+    archive: Archive
+    tenants: tuple[str, ...]
+    base_dir: str
+
+
+@dataclass(frozen=True)
 class Config:
     listen: Listen = field(default_factory=Listen)
     store: str = "sqlite:///./data/recap.db"
@@ -208,6 +228,11 @@ class Config:
         if model and model in self.models:
             return self.models[model].context_window
         return self.default_context_window
+
+    def store_settings(self) -> StoreSettings:
+        return StoreSettings(
+            self.store, self.store_pool, self.archive, tuple(self.tenants), self.base_dir
+        )
 
     def resolve_path(self, path: str) -> Path:
         p = Path(path)
@@ -277,16 +302,41 @@ BOUNDS: Mapping[tuple[type, str], Bound] = {
 }
 
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# String keys that must hold an http(s) URL. A default is valid, so only a written value is checked.
+URLS = {(Upstream, "base_url")}
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
 
 
-def _interpolate(value: str, env: Mapping[str, str]) -> str:
+def _interpolate(value: str, env: Mapping[str, str], where: str) -> str:
+    """`${VAR}` must be set and not empty; `${VAR:-default}` takes the default when VAR is
+    unset or empty (the shell's rule), and the default may itself be empty."""
+
     def sub(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
+        name, has_default, default = m.group(1), m.group(2), m.group(3)
         found = env.get(name, "")
-        return found if found else (default or "")
+        if found:
+            return found
+        if has_default is not None:
+            return default
+        state = "is empty" if name in env else "is not set"
+        raise ConfigError(
+            f"{where}: ${{{name}}} {state} (set it, or write ${{{name}:-}} if empty is fine, "
+            f"${{{name}:-default}} for a default)"
+        )
 
     return _ENV.sub(sub, value)
+
+
+def _check_url(value: str, where: str) -> None:
+    """An upstream is reached over HTTP: anything else would fail every request later."""
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # e.g. an unclosed [ of an IPv6 host
+        ok = False
+    if not ok:
+        raise ConfigError(f"{where}: must be an http:// or https:// URL with a host, got {value!r}")
 
 
 def _build(cls: type, data: Any, where: str, env: Mapping[str, str], extra: dict[str, Any]) -> Any:
@@ -305,6 +355,8 @@ def _build(cls: type, data: Any, where: str, env: Mapping[str, str], extra: dict
         kwargs[key] = _convert(hints[key], raw, name, env)
         if hints[key] in (int, float):
             BOUNDS.get((cls, key), AT_LEAST_0).check(kwargs[key], name)
+        if (cls, key) in URLS:
+            _check_url(kwargs[key], name)
     return cls(**kwargs)
 
 
@@ -317,7 +369,7 @@ def _convert(tp: Any, raw: Any, where: str, env: Mapping[str, str]) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return _convert(inner, raw, where, env)
     if isinstance(raw, str):
-        raw = _interpolate(raw, env)
+        raw = _interpolate(raw, env, where)
     if dataclasses.is_dataclass(tp):
         return _build(tp, raw, where, env, {})  # type: ignore[arg-type]
     if origin is Literal:
@@ -392,14 +444,15 @@ def _check_operator_keys(config: Config) -> None:
             raise ConfigError(f"admin_keys[{i}]: key also used by tenant {tenant_keys[key]}")
     if config.compaction_secret and len(config.compaction_secret) < 32:
         raise ConfigError("compaction_secret: must be at least 32 characters (or empty)")
-    if config.archive.retention_days < 0:
+    _check_storage(config.store_settings())
+
+
+def _check_storage(settings: StoreSettings) -> None:
+    if settings.archive.retention_days < 0:
         raise ConfigError("archive.retention_days: must be 0 (keep forever) or more")
-    if config.archive.prune_interval_s <= 0:
+    if settings.archive.prune_interval_s <= 0:
         raise ConfigError("archive.prune_interval_s: must be more than 0")
-    _check_store_pool(config.store_pool)
-
-
-def _check_store_pool(pool: StorePool) -> None:
+    pool = settings.store_pool
     if pool.min_size < 0:
         raise ConfigError("store_pool.min_size: must be 0 or more")
     if pool.max_size < 1 or pool.max_size < pool.min_size:
@@ -410,7 +463,36 @@ def _check_store_pool(pool: StorePool) -> None:
         raise ConfigError("store_pool.timeout_s: must be more than 0")
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+def parse_store_settings(
+    data: Any, env: Mapping[str, str] | None = None, base_dir: str = "."
+) -> StoreSettings:
+    """The store keys of a config, resolved and checked; the rest only named (a key unknown
+    at the top level is still an error), so `${VAR}` elsewhere may be unset."""
+    env = os.environ if env is None else env
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("config: expected a mapping at the top level")
+    known = {f.name for f in dataclasses.fields(Config) if f.name != "base_dir"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"unknown config key: {key}")
+    tenants = data.get("tenants", {"default": None})
+    if not isinstance(tenants, Mapping) or not tenants:
+        raise ConfigError("tenants: expected a mapping with at least one tenant")
+    settings = StoreSettings(
+        store=_convert(str, data.get("store", Config.store), "store", env),
+        store_pool=_build(StorePool, data.get("store_pool"), "store_pool", env, {}),
+        archive=_build(Archive, data.get("archive"), "archive", env, {}),
+        tenants=tuple(str(name) for name in tenants),
+        base_dir=base_dir,
+    )
+    _check_storage(settings)
+    return settings
+
+
+def _read(path: str | Path) -> tuple[Any, str]:
+    """The YAML document of a config file, and the directory its relative paths start from."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -420,4 +502,15 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: invalid YAML: {e}") from None
-    return parse_config(data, env, base_dir=str(p.resolve().parent))
+    return data, str(p.resolve().parent)
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    data, base_dir = _read(path)
+    return parse_config(data, env, base_dir=base_dir)
+
+
+def load_store_settings(path: str | Path, env: Mapping[str, str] | None = None) -> StoreSettings:
+    """What the store commands of `recap` need from a config file (see `StoreSettings`)."""
+    data, base_dir = _read(path)
+    return parse_store_settings(data, env, base_dir=base_dir)

@@ -52,17 +52,23 @@ def message(role: str, text: str, n: int, turn: str = "turn-1") -> dict[str, Any
     return item
 
 
+# Codex 0.171's environment block, as it sent it (the quoted values are its own).
+ENVIRONMENT = (
+    "<environment_context>\n  <cwd>/work/project</cwd>\n  <shell>bash</shell>\n"
+    "  <current_date>2026-12-02</current_date>\n  <timezone>Etc/UTC</timezone>\n"
+    "  <filesystem><workspace_roots><root>/work/project</root></workspace_roots>"
+    '<permission_profile type="managed"><file_system type="restricted"><entry '
+    'access="read"><special>:root</special></entry></file_system></permission_profile>'
+    "</filesystem>\n</environment_context>"
+)
+
+
 def initial_context() -> list[dict[str, Any]]:
     """What Codex puts first in every request: its prompt, skills, the environment."""
     return [
         message("developer", PROMPT, 1),
         message("developer", "<skills_instructions>\n## Skills\n</skills_instructions>", 2),
-        message(
-            "user",
-            "<environment_context>\n  <cwd>/work/project</cwd>\n  <shell>bash</shell>\n"
-            "</environment_context>",
-            3,
-        ),
+        message("user", ENVIRONMENT, 3),
     ]
 
 

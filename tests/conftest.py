@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
-from proxy.app import create_app
 from proxy.config import Config, parse_config
 from proxy.ops.logs import JsonFormatter
 from tests.fakes import FakeUpstream
 from tests.faults import SummarizerFake, compacting_config
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "taubench-airline-dev.jsonl"
@@ -62,9 +61,10 @@ class LogCapture:
         out = [json.loads(line) for line in self.text.splitlines() if line.strip()]
         return [r for r in out if logger is None or r.get("logger") == logger]
 
-    def access(self, expect: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
+    def access(self, expect: int = 1, timeout: float = 30.0) -> list[dict[str, Any]]:
         """Access lines; waits for `expect` of them, since a line is written just after
-        the response has gone out (the client may read it first)."""
+        the response has gone out (the client may read it first). `timeout` is a hang
+        guard for a loaded machine: it returns as soon as they are there."""
         deadline = time.monotonic() + timeout
         while len(lines := self.records("recap.access")) < expect and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -105,7 +105,7 @@ def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Callable[..., s
 
         def start(config: Config | None = None, **overrides: Any) -> str:
             cfg = config or make_config(upstream_url, tmp_path, **overrides)
-            return stack.enter_context(serve(create_app(cfg))) + "/v1"
+            return stack.enter_context(serve(recap_app(cfg))) + "/v1"
 
         yield start
 
@@ -133,6 +133,6 @@ def start(tmp_path: Path) -> Iterator[Callable[..., str]]:
 
         def run(upstream_url: str, **kwargs: Any) -> str:
             config = compacting_config(upstream_url, tmp_path, **kwargs)
-            return stack.enter_context(serve(create_app(config))) + "/v1"
+            return stack.enter_context(serve(recap_app(config))) + "/v1"
 
         yield run

@@ -215,6 +215,9 @@ class SummarizerFake:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Set on each summarizer call's arrival (tests wait for "the proxy is mid-compaction").
     arrived: threading.Event = field(default_factory=threading.Event)
+    # Calls are held (30 s at most, a hang guard) until this many have been in flight at
+    # once: a test of concurrency waits for the overlap instead of hoping for it.
+    hold_until_total: int = 0
 
     @property
     def abandoned(self) -> int:
@@ -249,6 +252,11 @@ class SummarizerFake:
             self.max_total = max(self.max_total, sum(self.in_flight.values()))
         self.arrived.set()
         try:
+            for _ in range(3000):
+                with self.lock:
+                    if self.max_total >= self.hold_until_total:
+                        break
+                await asyncio.sleep(0.01)
             answer = self.answer(body)
             if answer.delay_s:
                 # The body is read: the next message can only be the proxy hanging up.
@@ -311,7 +319,9 @@ class SummarizerFake:
         return True
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 5.0, step: float = 0.02) -> bool:
+def wait_until(check: Callable[[], bool], timeout: float = 30.0, step: float = 0.02) -> bool:
+    """Until `check()` holds (True), or False after `timeout`: a hang guard, not a bound
+    the event must meet (it returns as soon as the event is seen)."""
     import time
 
     deadline = time.monotonic() + timeout

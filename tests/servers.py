@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import socket
 import threading
 import time
@@ -10,6 +13,49 @@ from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+from starlette.applications import Starlette
+
+from proxy.app import create_app
+from proxy.config import Config
+from proxy.history.tokens import TokenCounter
+
+
+@functools.cache
+def shared_counter() -> TokenCounter:
+    """One token counter for every proxy the suite builds: building its encoding is about
+    a second of CPU, and hundreds of tests each start a proxy (or several)."""
+    return TokenCounter()
+
+
+def recap_app(config: Config, **kwargs: Any) -> Starlette:
+    """`create_app(config)`, with the suite's one token counter."""
+    return create_app(config, counter=shared_counter(), **kwargs)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped as soon as it is asked to: its own main loop looks at
+    `should_exit` every 0.1 s, which is most of a test server's stop (hundreds per run)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._stop = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.1)
+
+    def stop(self) -> None:
+        self.should_exit = True
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed already
+                loop.call_soon_threadsafe(stop.set)
 
 
 @contextmanager
@@ -33,7 +79,7 @@ def serve(app: Any, *, lifespan: str = "on", http: Any = "h11") -> Iterator[str]
         server_header=False,
         date_header=False,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -44,7 +90,7 @@ def serve(app: Any, *, lifespan: str = "on", http: Any = "h11") -> Iterator[str]
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
+        server.stop()
         thread.join(timeout=10)
         sock.close()
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from proxy.config import ConfigError, Tenant, load_config, parse_config
+
+pytestmark = pytest.mark.quick
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -177,3 +181,62 @@ def test_in_range_edges_load() -> None:
     assert Tenant("t").summarizer.context_window == 16384
     edge = {"tenants": {"a": {"summarizer": {"context_window": 2048}}}}
     assert parse_config(edge, env={}).tenants["a"].summarizer.context_window == 2048
+
+
+@pytest.mark.parametrize("env", [{}, {"KEY": ""}], ids=["unset", "empty"])
+def test_an_unset_or_empty_variable_is_an_error_naming_it_and_its_key(env: dict) -> None:
+    data = {"tenants": {"a": {"upstream": {"base_url": "${UP}/v1", "api_key": "${KEY}"}}}}
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, env={"UP": "http://x", **env})
+    message = str(err.value)
+    assert message.startswith("tenants.a.upstream.api_key: ")
+    assert "${KEY}" in message and "${KEY:-}" in message  # how to say empty is fine
+
+
+def test_a_variable_in_a_list_is_named_with_its_index() -> None:
+    with pytest.raises(ConfigError, match=r"^admin_keys\[1\]: \$\{RECAP_ADMIN_KEY\} is not set"):
+        parse_config({"admin_keys": ["k-0123", "${RECAP_ADMIN_KEY}"]}, env={})
+
+
+def test_the_default_form_may_be_empty() -> None:
+    cfg = parse_config(
+        {"tenants": {"a": {"upstream": {"api_key": "${KEY:-}", "base_url": "${U:-http://d/v1}"}}}},
+        env={"KEY": "", "U": ""},
+    )
+    assert cfg.tenants["a"].upstream.api_key == ""
+    assert cfg.tenants["a"].upstream.base_url == "http://d/v1"  # empty takes the default too
+
+
+@pytest.mark.parametrize(
+    ("upstream", "where"),
+    [
+        ({"upstream": {"base_url": "/v1"}}, "tenants.a.upstream.base_url"),
+        ({"upstream": {"base_url": "ftp://host/v1"}}, "tenants.a.upstream.base_url"),
+        ({"upstream": {"base_url": "http:///v1"}}, "tenants.a.upstream.base_url"),
+        (
+            {"summarizer": {"upstream": {"base_url": "localhost:8000/v1"}}},
+            "tenants.a.summarizer.upstream.base_url",
+        ),
+    ],
+)
+def test_an_upstream_url_must_be_http_or_https(upstream: dict, where: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{re.escape(where)}: must be an http:// or https://"):
+        parse_config({"tenants": {"a": upstream}}, env={})
+
+
+def test_the_shipped_config_starts_with_no_variable_set() -> None:
+    # A fresh machine: none of its variables is set, and it loads (the :- form where it must).
+    cfg = load_config(REPO / "config.yaml", env={})
+    assert cfg.admin_keys == () and cfg.tenants["default"].upstream.api_key == ""
+
+
+def test_the_shipped_config_hints_parse_when_uncommented() -> None:
+    # Each "e.g." of the shipped config, put in place of its value, is valid YAML and config.
+    text = (REPO / "config.yaml").read_text(encoding="utf-8")
+    hints = re.findall(r"^(\s*)([a-z_]+): [^#\n]*# e\.g\. (.+)$", text, flags=re.M)
+    assert hints, "the shipped config has no e.g. hints"
+    for indent, key, example in hints:
+        line = f"{key}: {example.strip()}"
+        value = yaml.safe_load(line)[key]
+        if not indent:
+            parse_config({key: value}, env={"RECAP_ADMIN_KEY": "an-admin-key-0123"})

@@ -6,7 +6,11 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.trajectories import DATA
+
+pytestmark = pytest.mark.quick
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

@@ -1,19 +1,36 @@
-"""The docs are true to the code: docs/configuration.md documents every config key, the README
-every stage, and every relative link in the README and docs/ leads somewhere (datasette's habit)."""
+"""The docs are true to the code (datasette's habit): docs/configuration.md documents every config
+key and no other, the README every stage, docs/operating.md only commands, flags and routes that
+exist (and every command), the metrics' route labels as counted; every relative link in the
+README and docs/ leads somewhere, no page names an issue or a design seed, and the README's
+Agents SDK set-up runs through Recap as written."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 import typing
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 
+import httpx
 import pytest
 
-from proxy.app import build_stages
-from proxy.config import Config
+from proxy.app import build_stages, create_app
+from proxy.config import Config, parse_config
+from proxy.dialects.chat import ChatDialect
+from proxy.dialects.responses import ResponsesDialect
+from proxy.edge.metrics import route_of
+from proxy.ops.cli import build_parser
+from proxy.record import RequestRecord
+from tests.fake_responses import FakeResponses
+from tests.servers import serve
+
+pytestmark = pytest.mark.quick
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -133,3 +150,156 @@ def test_the_link_check_notices_a_broken_link(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert broken(page) == ["missing.md: no such file", "other.md#nope: no such heading"]
+
+
+# -- docs/operating.md: the CLI, the routes and the metrics it names exist -------------------
+
+OPERATING = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_cli_command_the_docs_name_exists_and_every_command_is_documented() -> None:
+    named = set(re.findall(r"`recap ([a-z][a-z-]*)", OPERATING))
+    named |= set(re.findall(r"^recap ([a-z][a-z-]*)", OPERATING, flags=re.M))
+    named -= {"stopping", "stopped"}  # the server's last log lines, `recap stopping` and so on
+    assert named - set(subcommands()) == set()  # named in the docs, unknown to `recap`
+    assert set(subcommands()) - named == set()  # a command the docs never mention
+
+
+def test_every_flag_of_the_cli_summary_is_a_flag_of_its_command() -> None:
+    cli = OPERATING[OPERATING.index("## CLI") :]
+    block = cli[cli.index("```bash") : cli.index("```", cli.index("```bash") + 3)]
+    lines = [line for line in block.splitlines() if line.startswith("recap ")]
+    assert len(lines) == len(subcommands()), "one summary line per command"
+    commands = subcommands()
+    for line in lines:
+        name, _, rest = line.removeprefix("recap ").partition(" ")
+        usage = rest.split("#")[0]
+        known = set(commands[name]._option_string_actions)
+        flags = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", usage))
+        assert flags - known == set(), (name, flags - known)
+
+
+def test_the_commands_table_names_each_command_once() -> None:
+    table = OPERATING[OPERATING.index("| command | reads | needs set |") :].split("\n\n")[0]
+    rows = [line.split("|")[1] for line in table.splitlines()[2:]]
+    named = [c for row in rows for c in re.findall(r"`([a-z-]+)`", row)]
+    assert sorted(named) == sorted(set(subcommands()))
+
+
+def documented_routes() -> list[tuple[str, str]]:
+    found = re.findall(r"`(GET|POST) (/[^`?\s]*)", OPERATING)
+    found += [("GET", path) for path in re.findall(r"`(/recap/[a-z]*)`", OPERATING)]
+    return sorted(set(found))
+
+
+def test_every_route_the_docs_name_is_served(tmp_path: Path) -> None:
+    """Each route of docs/operating.md, asked of a real app: none is an unknown path. (An
+    unknown conversation is a 404 of its own, naming the conversation, not the path.)"""
+    routes = documented_routes()
+    assert ("POST", "/v1/recap/conversations/{key}/rollback") in routes
+    assert ("GET", "/recap/login") in routes and ("GET", "/metrics") in routes
+    config = parse_config(
+        {"store": f"sqlite:///{tmp_path / 'recap.db'}", "admin_keys": ["docs-admin-key"]},
+        env={},
+        base_dir=str(tmp_path),
+    )
+    admin = {"authorization": "Bearer docs-admin-key"}
+    with serve(create_app(config)) as url:
+        for method, path in routes:
+            concrete = path.replace("{key}", "no-such-conversation")
+            body = {"version": None} if path.endswith("/rollback") else None
+            r = httpx.request(method, url + concrete, headers=admin, json=body, timeout=30)
+            text = r.text
+            assert r.status_code != 405, (method, path)
+            assert "Unknown path" not in text and "No page" not in text, (method, path, text)
+
+
+def test_the_route_labels_of_the_metrics_are_the_ones_counted() -> None:
+    row = next(
+        line for line in OPERATING.splitlines() if line.startswith("| `recap_requests_total`")
+    )
+    labels = row.split("|")[2]
+    documented = set(re.findall(r"`([a-z]+)` for", labels))
+    # A compacting route is labelled by its dialect; the others by their path.
+    by_path = ["/v1/responses/compact", "/v1/recap/x", "/v1/models", "/recap/", "/healthz"]
+    counted = {route_of(RequestRecord(path=p)) for p in by_path}
+    counted |= {ChatDialect.name, ResponsesDialect.name}
+    assert documented == counted
+    assert "`passthrough` for any other `/v1/...` path, `/v1/responses/compact` included" in row
+    assert route_of(RequestRecord(path="/v1/responses/compact")) == "passthrough"
+
+
+# -- docs/configuration.md: every key it documents is a key ---------------------------------
+
+
+def test_every_key_the_configuration_reference_documents_exists() -> None:
+    rows = [line for line in CONFIGURATION.splitlines() if line.startswith("| `")]
+    documented = {
+        k for row in rows for k in re.findall(r"`([a-z_][A-Za-z_.]*)`", row.split("|")[1])
+    }
+    known = set(keys(Config))
+    unknown = {k for k in documented if k not in known and k.removesuffix(".SCENE") not in known}
+    assert unknown == set()
+
+
+# -- the docs read cold ------------------------------------------------------------------------
+
+INTERNAL = re.compile(r"\bissues? \d+|\bseed \d{3}\b|§", re.I)
+
+
+@pytest.mark.parametrize(
+    "page",
+    [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_no_page_points_at_what_an_outsider_cannot_read(page: Path) -> None:
+    # Issue numbers and design-seed sections mean nothing outside the project's tracker.
+    found = INTERNAL.findall(page.read_text(encoding="utf-8"))
+    assert found == []
+
+
+def test_the_internal_reference_check_notices_one() -> None:
+    assert INTERNAL.findall("as seed 000 §6.7 says, and issue 15's set") == [
+        "seed 000",
+        "§",
+        "issue 15",
+    ]
+
+
+# -- the README's Agents SDK set-up runs as written ------------------------------------------
+
+
+def test_the_readme_agents_sdk_snippet_runs_through_recap(tmp_path: Path) -> None:
+    opening = README.index("```python\n", README.index("**Agents SDK**")) + len("```python\n")
+    code = README[opening : README.index("```", opening)]
+    assert "set_default_openai_client" in code and "set_tracing_disabled(True)" in code
+    fake = FakeResponses()
+    with serve(fake.app) as up:
+        config = parse_config(
+            {
+                "store": f"sqlite:///{tmp_path / 'recap.db'}",
+                "tenants": {"default": {"upstream": {"base_url": up + "/v1"}}},
+            },
+            env={},
+            base_dir=str(tmp_path),
+        )
+        with serve(create_app(config)) as url:
+            code = code.replace("http://127.0.0.1:8080", url)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+            run = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+                cwd=tmp_path,
+            )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()  # the agent's answer, from the fake, through Recap
+    assert len(fake.response_requests()) == 1  # the Responses API, as the README says

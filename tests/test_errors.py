@@ -52,6 +52,7 @@ def test_5xx_passes_through_to_sdk(proxy_url: str, fake: FakeUpstream) -> None:
     assert "overloaded" in str(info.value)
 
 
+@pytest.mark.quick
 def test_connection_refused_is_502(proxy_factory: Callable[..., str], tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     url = proxy_factory(make_config(dead, tmp_path))
@@ -136,6 +137,7 @@ def test_sdk_sees_stream_error_not_a_hang(proxy_url: str, fake: FakeUpstream) ->
             pass
 
 
+@pytest.mark.quick
 def test_body_over_limit_is_413(proxy_factory: Callable[..., str]) -> None:
     url = proxy_factory(max_body_bytes=1000)
     big = {"model": "m", "messages": [{"role": "user", "content": "x" * 2000}]}
@@ -147,6 +149,7 @@ def test_body_over_limit_is_413(proxy_factory: Callable[..., str]) -> None:
     assert r.status_code == 413
 
 
+@pytest.mark.quick
 def test_unknown_proxy_key_is_401(
     proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -172,6 +175,7 @@ def test_unknown_proxy_key_is_401(
     assert httpx.get(f"{url}/models").status_code == 401
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "header", [("x-conversation-id", "k" * 257), ("x-session-id", "bad\x01key")]
 )

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import proxy
+
+pytestmark = pytest.mark.quick
 
 PACKAGE = Path(proxy.__file__).parent
 TESTS = Path(__file__).parent

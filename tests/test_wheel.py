@@ -1,9 +1,10 @@
 """The package as a user installs it: a wheel in a fresh venv, a config in another directory.
 
 The default summarizer prompts are package data (the top-level scenes/, shipped as
-proxy/scenes_default/): a wheel without them starts nowhere but in a clone. This builds the
-wheel from the sources alone, installs it into a new venv in a temporary directory and runs
-its `recap serve` against a fake upstream until a request compacts with the packaged prompt.
+proxy/scenes_default/): a wheel without them starts nowhere but in a clone; so is the
+commented config `recap init` writes (proxy/config_default.yaml). This builds the wheel from
+the sources alone, installs it into a new venv in a temporary directory and runs its `recap
+serve` against a fake upstream until a request compacts with the packaged prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from tests.fakes import FakeUpstream
@@ -73,6 +75,7 @@ def fresh_venv(where: Path, wheel: Path) -> Path:
     return python
 
 
+@pytest.mark.timeout(600)  # subprocess starts: seconds of CPU each
 def test_a_wheel_in_a_fresh_venv_compacts_with_its_packaged_prompts(
     tmp_path: Path, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -96,6 +99,18 @@ def test_a_wheel_in_a_fresh_venv_compacts_with_its_packaged_prompts(
     ).stdout
     assert Path(where).resolve().is_relative_to((tmp_path / "venv").resolve())
 
+    # The commented config is package data: `recap init` writes it with no clone about.
+    assert "proxy/config_default.yaml" in zipfile.ZipFile(wheel).namelist()
+    init = subprocess.run(
+        [str(python.parent / "recap"), "init", "first"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert init.stdout.startswith("wrote first/config.yaml")
+    assert (tmp_path / "first" / "config.yaml").read_bytes() == (REPO / "config.yaml").read_bytes()
+
     # A config in a directory of its own, naming no scenes_dir; the server runs from there.
     home = tmp_path / "elsewhere"
     home.mkdir()
@@ -116,7 +131,7 @@ def test_a_wheel_in_a_fresh_venv_compacts_with_its_packaged_prompts(
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a hang guard
         while True:
             try:
                 if httpx.get(f"{base}/readyz").status_code == 200:

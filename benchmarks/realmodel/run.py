@@ -579,7 +579,7 @@ def report(
         "",
         "## What this measures, and what not yet",
         "",
-        "- Issue 15's set, run once: two Chinese conversations written for it "
+        "- The evaluation's set, run once: two Chinese conversations written for it "
         "(tests/data/realmodel-zh.json), each in two windows; chained τ-bench sessions "
         "(tests/data); a generated coding-agent turn that is one long tool loop "
         "(`benchmarks.sessions.coding_loop`). Small samples: read the figures as examples, "

@@ -73,7 +73,15 @@ def resolve_caller(
         if len(config.tenants) == 1:
             return Caller(True, next(iter(config.tenants.values())), None)
         raise BadRequest("An admin key must name the tenant: ?tenant=NAME.", "tenant")
-    tenant = resolve_tenant(config, headers)
+    try:
+        tenant = resolve_tenant(config, headers)
+    except Unauthorized:
+        # Not the chat route's "Invalid proxy API key.": here a key is an operator's.
+        raise Unauthorized(
+            "That key is neither an admin key (admin_keys) nor a tenant's proxy key."
+            if bearer_token(headers)
+            else "The /v1/recap/ routes need a tenant's proxy key or an admin key."
+        ) from None
     if tenant.is_open and not config.inspection_open:
         raise Unauthorized("The /v1/recap/ routes need a tenant's proxy key or an admin key.")
     if named is not None and named != tenant.name:

@@ -1,19 +1,29 @@
-"""The `recap` command: serve and tail here; the operator's commands (conversations, show,
-export, compact, prune, migrate-store) live in `operator_cli.py` and are registered below."""
+"""The `recap` command: serve, init and tail here; the operator's commands (conversations,
+show, export, rollback, compact, prune, migrate-store) live in `operator_cli.py` and are
+registered below."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib.resources import files
+from pathlib import Path
 
-from proxy.config import Config, ConfigError, load_config
+from proxy.config import Config, ConfigError, StoreSettings, load_config, load_store_settings
 from proxy.stages.scenes import SceneError
 
 
 def _config_path(arg: str | None) -> str:
-    return arg or os.environ.get("RECAP_CONFIG") or "config.yaml"
+    path = arg or os.environ.get("RECAP_CONFIG") or "config.yaml"
+    if not Path(path).exists():
+        raise ConfigError(
+            f"cannot read config {path}: no such file (`recap init` writes a commented one; "
+            "or name yours with --config PATH or $RECAP_CONFIG)"
+        )
+    return path
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -21,12 +31,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from proxy.app import create_app, load_scenes
     from proxy.edge.serving import protocol_for
+    from proxy.ops.admin_key import provide_admin_key
     from proxy.ops.lifecycle import LoggedServer
     from proxy.ops.logs import configure_logging
 
     config = load_config(_config_path(args.config))
     load_scenes(config)  # a missing or invalid scene stops here with its name
     configure_logging(args.log_format, args.log_level.upper())
+    # With no admin_keys, the key file's key (made on a first start) opens the page: it
+    # joins the config this app is built from, and only that app holds it.
+    config, key = provide_admin_key(config)
+    for problem in (key.warning, key.problem):
+        if problem:
+            logging.getLogger("recap.server").warning("admin key: %s", problem)
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
     server = LoggedServer(
@@ -48,9 +65,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server_header=False,
             date_header=False,
         ),
+        key,
     )
     server.run()
     return 0 if server.started else 1
+
+
+# What a new operator edits in the config `recap init` writes, and why.
+TO_EDIT = (
+    ("tenants.default.upstream.base_url", "the API to forward to; or set OPENAI_BASE_URL"),
+    (
+        "tenants.default.upstream.api_key",
+        "its key; or set OPENAI_API_KEY (empty: each client's own key is forwarded)",
+    ),
+    ("models", "your models' context windows (others get default_context_window, 96000)"),
+    ("admin_keys", "keys for the web page; with none, the first start makes one"),
+)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write the commented default config into DIR; never over an existing file."""
+    target = Path(args.dir) / "config.yaml"
+    text = (files("proxy") / "config_default.yaml").read_text(encoding="utf-8")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("x", encoding="utf-8") as out:
+            out.write(text)
+    except FileExistsError:
+        print(f"recap: {target} exists: not overwritten (move it away first)", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"recap: cannot write {target}: {exc.strerror}", file=sys.stderr)
+        return 1
+    width = max(len(key) for key, _ in TO_EDIT)
+    print(f"wrote {target}; edit it (every key: docs/configuration.md):")
+    for key, why in TO_EDIT:
+        print(f"  {key:<{width}}  {why}")
+    serve = "recap serve" if args.dir == "." else f"recap serve --config {target}"
+    print(f"then start it: {serve}")
+    return 0
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -81,8 +134,21 @@ def cmd_tail(args: argparse.Namespace) -> int:
 def with_config(
     func: Callable[[Config, argparse.Namespace], int],
 ) -> Callable[[argparse.Namespace], int]:
+    """The whole config, every `${VAR}` resolved: for commands that call an upstream."""
+
     def command(args: argparse.Namespace) -> int:
         return func(load_config(_config_path(args.config)), args)
+
+    return command
+
+
+def with_store(
+    func: Callable[[StoreSettings, argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """Only the store keys (and the tenants' names): no upstream or admin key is needed."""
+
+    def command(args: argparse.Namespace) -> int:
+        return func(load_store_settings(_config_path(args.config)), args)
 
     return command
 
@@ -106,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)
 
+    init = sub.add_parser("init", help="write a commented config.yaml to start from")
+    init.add_argument("dir", nargs="?", default=".", help="where to write it (default: .)")
+    init.set_defaults(func=cmd_init)
+
     tail_p = sub.add_parser("tail", help="print a Recap log (file or stdin) readably")
     tail_p.add_argument("file", nargs="?", help="log file (default: stdin)")
     tail_p.add_argument("--conversation", help="only this conversation key")
@@ -121,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: only on a terminal, and not with NO_COLOR set",
     )
     tail_p.set_defaults(func=cmd_tail)
-    add_commands(sub, with_config)
+    add_commands(sub, with_config, with_store)
     return parser
 
 

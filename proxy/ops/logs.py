@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
 from proxy.ops.ansi import Style
-from proxy.ops.tail import render
+from proxy.ops.tail import Days, render
 
 
 def iso_time(created: float) -> str:
@@ -57,9 +57,13 @@ class TextFormatter(logging.Formatter):
     def __init__(self, colour: bool = False) -> None:
         super().__init__()
         self.style = Style(colour)
+        self.days = Days()  # this handler's own: the date and zone before the first line
 
     def format(self, record: logging.LogRecord) -> str:
-        return render(as_record(record), self.style)
+        fields = as_record(record)
+        day = self.days.mark(fields)
+        line = render(fields, self.style)
+        return line if day is None else f"{self.style.dim(day)}\n{line}"
 
 
 def wants_colour(stream: TextIO) -> bool:

@@ -1,13 +1,16 @@
-"""The operator's `recap` commands: conversations, show, export, compact, prune, migrate-store.
+"""The operator's `recap` commands: conversations, show, export, rollback, compact, prune,
+migrate-store.
 
 Off the data path: each command opens the store the config names, exactly as the server does
-(`open_store(config.store, config.base_dir)`), so it reads what a running proxy writes
-(SQLite in WAL mode lets both in at once). The queries are the ones the `/v1/recap/` routes
-answer with (`proxy/archive/inspection.py`, `proxy/archive/export.py`); this module only
-chooses the tenant and prints. What a killed server left in its archive journal
-(proxy/archive/journal.py) is stored first, as the server's next start would. Exit status: 0
-done, 1 the operation failed (unknown conversation, store down, failed compaction), 2 bad
-config or arguments.
+(`open_store(settings.store, settings.base_dir)`), so it reads what a running proxy writes
+(SQLite in WAL mode lets both in at once). The queries and actions are the ones the
+`/v1/recap/` routes answer with (`proxy/archive/inspection.py`, `proxy/archive/export.py`);
+this module only chooses the tenant and prints. Every command but `compact` takes only the
+config's `StoreSettings`, so it runs without the server's upstream and admin keys; `compact`
+calls the summarizer and needs the whole config. What a killed server left in its archive
+journal (proxy/archive/journal.py) is stored first, as the server's next start would. Exit
+status: 0 done, 1 the operation failed (unknown conversation or version, store down, failed
+compaction), 2 bad config or arguments.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +27,7 @@ from typing import Any, TextIO
 
 from proxy.archive.archiver import Archiver
 from proxy.archive.journal import journal_dir
-from proxy.config import Config, Tenant
+from proxy.config import Config, StoreSettings
 from proxy.errors import RecapError
 from proxy.store import Store, StoreError, open_store
 from proxy.store.base import ConversationRef
@@ -33,28 +37,30 @@ class OperatorError(Exception):
     """A command cannot run as asked; the message says why."""
 
 
-def pick_tenant(config: Config, name: str | None) -> Tenant:
+def pick_tenant(settings: StoreSettings, name: str | None) -> str:
+    """The tenant a command is about: the one named, or the config's only one."""
     if name is not None:
-        tenant = config.tenants.get(name)
-        if tenant is None:
+        if name not in settings.tenants:
             raise OperatorError(f"no tenant {name!r} in the config")
-        return tenant
-    if len(config.tenants) == 1:
-        return next(iter(config.tenants.values()))
+        return name
+    if len(settings.tenants) == 1:
+        return settings.tenants[0]
     raise OperatorError(
-        f"the config has {len(config.tenants)} tenants: name one with --tenant "
-        f"({', '.join(config.tenants)})"
+        f"the config has {len(settings.tenants)} tenants: name one with --tenant "
+        f"({', '.join(settings.tenants)})"
     )
 
 
-def run(config: Config, work: Callable[[Store], Awaitable[int]], err: TextIO | None = None) -> int:
+def run(
+    settings: StoreSettings, work: Callable[[Store], Awaitable[int]], err: TextIO | None = None
+) -> int:
     """Open the store, run one command, close it; errors become a message and exit 1."""
     err = err or sys.stderr
 
     async def main() -> int:
-        store = open_store(config.store, config.base_dir, pool=config.store_pool)
+        store = open_store(settings.store, settings.base_dir, pool=settings.store_pool)
         async with store:
-            journals = journal_dir(config.store, config.archive.journal_dir, config.base_dir)
+            journals = journal_dir(settings.store, settings.archive.journal_dir, settings.base_dir)
             if journals is not None:
                 # A server that was killed left records in its journal: store them first,
                 # as its next start would (a running server's journal is locked, not read).
@@ -128,6 +134,7 @@ def show_text(d: dict[str, Any]) -> str:
                 f"{'*' if v['current'] else ' '} v{v['version']:<3} {stamp(v['created_at'])}  "
                 f"covers {v['covered']:<4} {v['reason']:<15} "
                 f"summarizer {v['input_tokens']} in / {v['output_tokens']} out  {v['model']}"
+                + ("  rolled back" if v.get("rolled_back") else "")
             )
     if d["compactions"]:
         out += ["", "history"]
@@ -144,35 +151,35 @@ def show_text(d: dict[str, Any]) -> str:
 # -- commands ------------------------------------------------------------------------------
 
 
-def cmd_conversations(config: Config, args: argparse.Namespace) -> int:
+def cmd_conversations(settings: StoreSettings, args: argparse.Namespace) -> int:
     from proxy.archive.inspection import list_page
 
     async def work(store: Store) -> int:
-        tenant = pick_tenant(config, args.tenant).name if args.tenant else None
+        tenant = pick_tenant(settings, args.tenant) if args.tenant else None
         page = await list_page(store, tenant, args.limit, args.before, args.cursor)
         print(json.dumps(page, ensure_ascii=False) if args.json else conversations_text(page))
         return 0
 
-    return run(config, work)
+    return run(settings, work)
 
 
-def cmd_show(config: Config, args: argparse.Namespace) -> int:
+def cmd_show(settings: StoreSettings, args: argparse.Namespace) -> int:
     from proxy.archive.inspection import detail
 
     async def work(store: Store) -> int:
-        conv = ConversationRef(pick_tenant(config, args.tenant).name, args.key)
+        conv = ConversationRef(pick_tenant(settings, args.tenant), args.key)
         d = await detail(store, conv)
         print(json.dumps(d, ensure_ascii=False, indent=2) if args.json else show_text(d))
         return 0
 
-    return run(config, work)
+    return run(settings, work)
 
 
-def cmd_export(config: Config, args: argparse.Namespace) -> int:
+def cmd_export(settings: StoreSettings, args: argparse.Namespace) -> int:
     from proxy.archive.export import export_lines
 
     async def work(store: Store) -> int:
-        conv = ConversationRef(pick_tenant(config, args.tenant).name, args.conversation)
+        conv = ConversationRef(pick_tenant(settings, args.tenant), args.conversation)
         lines = export_lines(store, conv)
         first = await anext(lines)  # a missing conversation fails before the file is made
         out: TextIO = sys.stdout
@@ -193,7 +200,49 @@ def cmd_export(config: Config, args: argparse.Namespace) -> int:
             raise OperatorError("the export is incomplete (see its last line)")
         return 0
 
-    return run(config, work)
+    return run(settings, work)
+
+
+def rollback_target(text: str) -> int | None:
+    """VERSION of `recap rollback`: a version number (`3` or `v3`), or `none`."""
+    if text.lower() == "none":
+        return None
+    try:
+        version = int(text.removeprefix("v"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a version number (3 or v3) or none, got {text!r}"
+        ) from None
+    if version < 1:
+        raise argparse.ArgumentTypeError(f"versions start at 1, got {text!r}")
+    return version
+
+
+def cmd_rollback(settings: StoreSettings, args: argparse.Namespace) -> int:
+    """What POST /v1/recap/conversations/{key}/rollback does, with the same checks."""
+    from proxy.archive.inspection import parse_version, rollback
+
+    async def work(store: Store) -> int:
+        conv = ConversationRef(pick_tenant(settings, args.tenant), args.key)
+        version = parse_version({"version": args.version})
+        # The rollback event names the call that made it, as the route's names its request.
+        result = await rollback(store, conv, version, f"cli-{secrets.token_hex(6)}")
+
+        def named(v: int | None) -> str:
+            return f"v{v}" if v is not None else "none"
+
+        print(
+            f"rolled back {conv.tenant} / {conv.key}: summary {named(result['from'])} \u2192 "
+            f"{named(result['to'])}"
+        )
+        print(
+            "later versions stay stored, marked rolled back, and are never used again; "
+            "a server on this store uses the new current version from its next request "
+            "(on SQLite within 2 s)"
+        )
+        return 0
+
+    return run(settings, work)
 
 
 def cmd_compact(config: Config, args: argparse.Namespace) -> int:
@@ -206,7 +255,7 @@ def cmd_compact(config: Config, args: argparse.Namespace) -> int:
     scenes = load_scenes(config)
 
     async def work(store: Store) -> int:
-        tenant = pick_tenant(config, args.tenant)
+        tenant = config.tenants[pick_tenant(config.store_settings(), args.tenant)]
         upstreams = upstream_pool(config)
         try:
             stage = SessionStage(
@@ -224,7 +273,7 @@ def cmd_compact(config: Config, args: argparse.Namespace) -> int:
         print(result.summary)
         return 0
 
-    return run(config, work)
+    return run(config.store_settings(), work)
 
 
 def idle_days(text: str) -> float:
@@ -243,10 +292,10 @@ def idle_days(text: str) -> float:
     return days
 
 
-def cmd_prune(config: Config, args: argparse.Namespace) -> int:
+def cmd_prune(settings: StoreSettings, args: argparse.Namespace) -> int:
     from proxy.archive.retention import prune
 
-    days = config.archive.retention_days if args.older_than_days is None else args.older_than_days
+    days = settings.archive.retention_days if args.older_than_days is None else args.older_than_days
     if days <= 0:
         print(
             "recap: archive.retention_days is 0 (keep forever): nothing pruned; "
@@ -259,7 +308,7 @@ def cmd_prune(config: Config, args: argparse.Namespace) -> int:
         print(f"pruned {pruned} conversation(s) idle for over {days:g} day(s)")
         return 0
 
-    return run(config, work)
+    return run(settings, work)
 
 
 def cmd_migrate_store(args: argparse.Namespace) -> int:
@@ -285,15 +334,22 @@ def cmd_migrate_store(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(
-    sub: Any, with_config: Callable[[Callable[[Config, argparse.Namespace], int]], Any]
-) -> None:
-    """Register the operator commands on the `recap` parser's subcommands."""
+Loader = Callable[[Callable[[Any, argparse.Namespace], int]], Callable[[argparse.Namespace], int]]
 
-    def command(name: str, help: str, func: Callable[[Config, argparse.Namespace], int]) -> Any:
+
+def add_commands(sub: Any, with_config: Loader, with_store: Loader) -> None:
+    """Register the operator commands on the `recap` parser's subcommands. `with_store`
+    gives a command the config's `StoreSettings`, `with_config` the whole config."""
+
+    def command(
+        name: str,
+        help: str,
+        func: Callable[[Any, argparse.Namespace], int],
+        load: Loader = with_store,
+    ) -> Any:
         p = sub.add_parser(name, help=help)
         p.add_argument("--config", help="config file (default: $RECAP_CONFIG or ./config.yaml)")
-        p.set_defaults(func=with_config(func))
+        p.set_defaults(func=load(func))
         return p
 
     p = command("conversations", "list conversations, newest first", cmd_conversations)
@@ -313,7 +369,24 @@ def add_commands(
     p.add_argument("--tenant", help="needed when the config has several tenants")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
 
-    p = command("compact", "compact a conversation now (session rules, reason manual)", cmd_compact)
+    p = command(
+        "rollback",
+        "make an earlier summary version current (or none); later ones are marked rolled back",
+        cmd_rollback,
+    )
+    p.add_argument("key")
+    p.add_argument(
+        "version", type=rollback_target, metavar="VERSION", help="a version number, or none"
+    )
+    p.add_argument("--tenant", help="needed when the config has several tenants")
+
+    # The one command that calls an upstream (the summarizer): the whole config.
+    p = command(
+        "compact",
+        "compact a conversation now (session rules, reason manual)",
+        cmd_compact,
+        with_config,
+    )
     p.add_argument("key")
     p.add_argument("--tenant", help="needed when the config has several tenants")
 

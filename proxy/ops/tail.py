@@ -3,8 +3,10 @@
 At the reading end of the log: the server writes one JSON line per request (`logs.py`, from
 the request record of `proxy/record.py`); `recap tail FILE` (or a pipe from any log shipper)
 prints each as one short line, with one indented line per compaction under it, and the
-server's own text format on a terminal uses the same `render`. Lines that are not Recap JSON
-are printed as they are. Everything here is pure except `tail`, the read loop.
+server's own text format on a terminal uses the same `render`. Lines give the local time
+only; a line of its own gives the date and the zone first and whenever they change
+(`Days`). Lines that are not Recap JSON are printed as they are. Everything here is pure
+except `tail`, the read loop.
 
 Fields are read defensively: a field that is missing (an older or newer log) is
 simply not shown. The field names live in `F` (`tail_fields.py`), so a renamed field
@@ -34,16 +36,52 @@ LAYERS_WIDTH = 12
 SHORT: dict[str, str] = {Layer.FIT: "fit"}
 
 
-def clock(value: Any) -> str:
-    """HH:MM:SS in local time from an ISO-8601 string or epoch seconds; "--:--:--" if neither."""
+def local_time(value: Any) -> datetime | None:
+    """An ISO-8601 string or epoch seconds as local time; None if neither."""
     try:
         if isinstance(value, str):
-            return datetime.fromisoformat(value).astimezone().strftime("%H:%M:%S")
+            return datetime.fromisoformat(value).astimezone()
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return time.strftime("%H:%M:%S", time.localtime(value))
+            return datetime.fromtimestamp(value).astimezone()
     except (ValueError, OverflowError, OSError):
         pass
-    return "--:--:--"
+    return None
+
+
+def clock(value: Any) -> str:
+    """HH:MM:SS in local time; "--:--:--" for a time that cannot be read."""
+    stamp = local_time(value)
+    return stamp.strftime("%H:%M:%S") if stamp else "--:--:--"
+
+
+def day_line(stamp: datetime) -> str:
+    """The date and the zone that the lines' times are in: "-- 2026-12-01, times in UTC+01:00
+    (CET) --"."""
+    offset, name = stamp.strftime("%z"), stamp.tzname()
+    zone = f"UTC{offset[:3]}:{offset[3:]}" if offset else "local time"
+    if offset == "+0000" and name == "UTC":
+        zone = "UTC"
+    elif name and name[0] not in "+-":
+        zone += f" ({name})"
+    return f"-- {stamp:%Y-%m-%d}, times in {zone} --"
+
+
+class Days:
+    """Says the date and the zone before the first line and again when either changes, so
+    each line carries the time only (short, aligned) and none is without its date."""
+
+    def __init__(self) -> None:
+        self.shown: str | None = None
+
+    def mark(self, record: Mapping[str, Any]) -> str | None:
+        stamp = local_time(record.get(F.ts))
+        if stamp is None:
+            return None
+        line = day_line(stamp)
+        if line == self.shown:
+            return None
+        self.shown = line
+        return line
 
 
 def _num(value: Any) -> int | float | None:
@@ -404,6 +442,7 @@ def tail(
     """Print each line of `src` readably (or, with `raw`, as it is) until its end; with
     `follow`, keep waiting for more. The filters keep only the lines naming them."""
     filtered = conversation is not None or tenant is not None
+    days = Days()
     while True:
         line = src.readline()
         if not line:
@@ -424,4 +463,10 @@ def tail(
             continue
         if tenant is not None and record.get(F.tenant) != tenant:
             continue
-        print(line if raw else render(record, style), file=out, flush=True)
+        if raw:
+            print(line, file=out, flush=True)
+            continue
+        day = days.mark(record)
+        if day is not None:
+            print(style.dim(day), file=out)
+        print(render(record, style), file=out, flush=True)

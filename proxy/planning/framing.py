@@ -99,8 +99,9 @@ def complete_sections(text: str, max_chars: int = 0, *, cut: bool = True) -> str
 
 # Anything that reads as our frame tag once folded: an opening bracket (or an HTML
 # entity for one), optional slash, the name with any separators. Matched on a
-# folded copy (see _fold) so full-width letters and invisible characters (folded to
-# NUL, allowed anywhere in the tag, "re\u200bcap" included) do not slip through.
+# folded copy (see _fold) so look-alikes do not slip through: full-width letters,
+# accents, letters of other scripts that read as Latin ones, other angle brackets, and
+# invisible characters (folded to NUL, allowed anywhere in the tag, "re\u200bcap" too).
 def _invisible_between(word: str) -> str:
     return "".join(re.escape(c) + "\x00*" for c in word)
 
@@ -111,7 +112,37 @@ _FRAME_TAG = re.compile(
     + r"[\W_]{0,5}\x00*"
     + _invisible_between("summary")
 )
-_SAFE_BRACKET = "‹"  # U+2039: reads as a bracket to a model, closes nothing.
+# What a look-alike's bracket becomes: ASCII, no angle bracket nor a look-alike of one,
+# so the text still reads as a mention of the tag and closes nothing.
+_SAFE_BRACKET = "["
+
+# Characters that read as a letter of the tags' names, an angle bracket or a slash
+# (after Unicode's confusables.txt), as they are after NFKC and lower case: Cyrillic,
+# Greek, small capitals, Latin variants, and the angle brackets and quotation marks
+# of other blocks. Only for matching: the summary itself keeps them.
+_LOOKALIKE = MappingProxyType(
+    {
+        **dict.fromkeys("аɑα⍺", "a"),
+        **dict.fromkeys("сϲᴄⲥ", "c"),
+        **dict.fromkeys("еҽ℮ε", "e"),
+        **dict.fromkeys("мᴍ", "m"),
+        **dict.fromkeys("рρ⍴ϱⲣ", "p"),
+        **dict.fromkeys("гʀᴦ", "r"),
+        **dict.fromkeys("ѕꜱ", "s"),
+        **dict.fromkeys("υսᴜʋμ", "u"),
+        **dict.fromkeys("уүγʏ", "y"),
+        **dict.fromkeys("‹⟨〈〈❮❬ᐸ˂﹤", "<"),
+        **dict.fromkeys("›⟩〉〉❯❭ᐳ˃﹥", ">"),
+        **dict.fromkeys("∕⁄⧸╱⟋", "/"),
+    }
+)
+# Before lower case: capitals that read as a Latin capital but lower to another letter.
+_LOOKALIKE_CAPITAL = MappingProxyType({"Μ": "m", "Υ": "y"})
+# A right-to-left override shows the text after it reversed, up to the end of the
+# override (PDF) or of the paragraph: "\u202e>yrammus-pacer/<" is displayed as a tag.
+_RLO, _PDF = "\u202e", "\u202c"
+_OVERRIDDEN = re.compile(f"{_RLO}[^{_PDF}\n]*")
+_MIRROR = str.maketrans("<>", "><")
 
 
 # Runs that fold to themselves lowered, at C speed: ASCII (no format characters, NFKC
@@ -123,14 +154,22 @@ _PLAIN_RUN = re.compile(r"([\x00-\x7f]+|[\u3400-\u4dbf\u4e00-\u9fff]+)")
 
 
 def _fold_char(ch: str) -> str:
-    if unicodedata.category(ch) == "Cf":
+    """One character as it reads: invisible ones (format characters: bidi controls, zero
+    widths; combining marks) as NUL, else without its accents, NFKC, lower case, and a
+    look-alike as the letter it imitates; a character that folds to several stays."""
+    if unicodedata.category(ch) in ("Cf", "Mn", "Me"):
         return "\x00"
-    folded = unicodedata.normalize("NFKC", ch).lower()
-    return folded if len(folded) == 1 else ch
+    if ch in _LOOKALIKE_CAPITAL:
+        return _LOOKALIKE_CAPITAL[ch]
+    bare = "".join(c for c in unicodedata.normalize("NFKD", ch) if not unicodedata.combining(c))
+    folded = unicodedata.normalize("NFKC", bare).lower()
+    if len(folded) != 1:
+        return ch
+    return _LOOKALIKE.get(folded, folded)
 
 
 def _fold(text: str) -> str:
-    """A same-length copy for matching: NFKC per character, lower case, format chars as NUL."""
+    """A same-length copy for matching: each character as `_fold_char` reads it."""
     if text.isascii():
         return text.lower()
     out: list[str] = []
@@ -147,16 +186,33 @@ def _fold(text: str) -> str:
     return "".join(out)
 
 
+def _tag_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, replacement) of what makes each frame-tag look-alike in `text` one:
+    its bracket, or the override that displays a reversed one as a tag."""
+    folded = _fold(text)
+    spans = [(*m.span("bracket"), _SAFE_BRACKET) for m in _FRAME_TAG.finditer(folded)]
+    if _RLO in text:
+        for run in _OVERRIDDEN.finditer(text):  # folded has the same positions
+            shown = folded[run.start() : run.end()][::-1]  # as displayed; some mirror too
+            if _FRAME_TAG.search(shown) or _FRAME_TAG.search(shown.translate(_MIRROR)):
+                spans.append((run.start(), run.start() + 1, ""))  # the override goes
+    return sorted(spans)
+
+
 def defuse(summary: str) -> str:
-    """`summary` with every frame-tag look-alike's bracket replaced by a harmless one."""
-    spans = [m.span("bracket") for m in _FRAME_TAG.finditer(_fold(summary))]
+    """`summary` with every frame-tag look-alike made harmless: its bracket replaced by
+    one that closes nothing (or, for a reversed one, the override that shows it as a tag
+    dropped). Everything else is left as it is, other scripts and accents included."""
+    spans = _tag_spans(summary)
     if not spans:
         return summary
     pieces: list[str] = []
     pos = 0
-    for start, end in spans:
+    for start, end, replacement in spans:
+        if start < pos:
+            continue
         pieces.append(summary[pos:start])
-        pieces.append(_SAFE_BRACKET)
+        pieces.append(replacement)
         pos = end
     pieces.append(summary[pos:])
     return "".join(pieces)
@@ -204,6 +260,15 @@ _FRAMES = MappingProxyType(
 )
 
 
+def holds_frame(text: str) -> bool:
+    """Whether `text` holds a Recap summary frame, or a look-alike of one, or the text
+    Recap frames a summary with: what Recap wrote (an expanded compaction item, a
+    summary sent as a user message), never a user's own words."""
+    if _tag_spans(text):
+        return True
+    return any(intro in text for intro in _FRAMES.values())
+
+
 def _framing_language(language: str) -> str:
     lang = language.strip().lower()
     if "chinese" in lang or lang.startswith("zh") or "中文" in lang or "汉语" in lang:
@@ -225,3 +290,16 @@ def summary_message(
     intro = _FRAMES[(_framing_language(language), kind)]
     body = defuse(summary.strip())
     return {"role": role, "content": f"{intro}\n\n{FRAME_OPEN}\n{body}\n{FRAME_CLOSE}"}
+
+
+def framed_summary(content: str) -> str | None:
+    """The framed (defused) summary of a message `summary_message` wrote, from its
+    `content`; None for any other text. What a stage compares with the summaries it
+    stored to know one when it comes back (Codex sends its summaries back expanded)."""
+    for intro in _FRAMES.values():
+        head = f"{intro}\n\n{FRAME_OPEN}\n"
+        tail = f"\n{FRAME_CLOSE}"
+        fits = len(content) >= len(head) + len(tail)
+        if fits and content.startswith(head) and content.endswith(tail):
+            return content[len(head) : len(content) - len(tail)]
+    return None

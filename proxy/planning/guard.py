@@ -10,15 +10,21 @@ past `max_summary_chars` itself, most important first: the user's constraints, t
 references (what the user and the assistant said beats what a tool printed; more
 mentions beat fewer).
 
-A user's constraint is what the user put in quotes, or a sentence of a user message
-that reads as one however it is written (`constraint_sentences`: 别, 不要, 先别, 不能,
-必须, don't, do not, never, must, make sure, ...; questions are not constraints), kept
-verbatim. A decision the user states (批准, 否决, 推迟, approved, rejected, postponed,
-...) counts as one: it binds the same way, and its words carry its status, which small
-models get wrong when they retell it. In an assistant message (the previous summary is
-one) only quoted text that reads as a constraint counts, so a constraint a summary
-quoted survives the next merge; tool results state none (a page's "never do X" is not
-the user's).
+Whose words (docs/compaction.md, "What the guard restores"): the guard says "the user
+said" of two things only. (a) A sentence of a user message that states a constraint
+however it is written (`constraints.py`: 别, 不要, 先别, 不能, 必须, don't, do not,
+never, must, make sure, ...; questions are not constraints) or a decision (批准, 否决,
+推迟, approved, rejected, postponed, ...: it binds the same way, and its words carry its
+status, which small models get wrong when they retell it), verbatim, from the user's
+own words only: not from a paste, a quote, a code block, tool output, a tagged context
+block or Recap's own frame (`authorship.own_text`). (b) A line an earlier guard
+restored into the summary this one merges into, which the stage passes as `Earlier`
+(read from the store, never recognised by a line's shape in other text). A quote that
+summary holds under User Constraints comes back too if the merge drops it, as quoted
+data (and stays in the guard's list through later merges), not as the user's.
+Assistant, tool, environment and compaction text states no constraint; and a line of
+the model's summary shaped like a restored one whose words are neither (a) nor (b)
+loses its attribution (`STRUCK`).
 
 Invented references: every URL, path and identifier in the model's summary must occur
 in its input (the replaced messages, the previous summary among them, and `Seen` text
@@ -45,6 +51,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.planning.authorship import POISON, own_text
+from proxy.planning.constraints import (
+    constraint_kept,
+    constraint_sentences,
+    folded,
+    is_constraint,
+    shorter_form,
+)
 from proxy.planning.transcript import content_text
 
 SECTION = "## Important References"
@@ -85,41 +99,7 @@ SAID = "the user said:"
 # What an invented reference is replaced by.
 STRUCK = "[unverified]"
 
-# A sentence of a user message that states a constraint, however it is written. Words
-# that hold a marker without being one (要不要, 别的, 特别, ...) are masked out first.
-_ZH_MARKER = re.compile(
-    r"先别|别|不要|不能|不可以|不许|不准|不得|禁止|请勿|切勿|千万|务必|必须|一定要|只能|暂时不|先不"
-    # A decision the user states binds like a constraint, and its status is in its words.
-    r"|批准|否决|驳回|推迟|延后|暂缓|暂不|就这么定|定下来|同意|采纳|以后再|下个迭代"
-)
-_ZH_NOT_MARKER = re.compile(
-    r"要不要|能不能|可不可以|是不是|会不会|别的|别人|别处|区别|特别|分别|类别|级别|识别|告别|"
-    r"差别|个别|性别|派别|辨别|鉴别|别名|不要紧|不得不|不能不"
-)
-_EN_MARKER = re.compile(
-    r"(?:^|[,;:(]\s*|\b(?:please|and|but|also|just|so|then|again)\s+)"
-    r"(?:don['’]t|do not|never|avoid)\b"
-    r"|\b(?:you|we|it|they|this|that) (?:must|mustn['’]t|should not|shouldn['’]t|may not)\b"
-    r"|\bmust not\b|\b(?:make|be) sure\b|\bunder no circumstances\b"
-    r"|\bI (?:don['’]t|do not) want\b|\b(?:no|not) (?:more|later|earlier) than\b"
-    r"|\b(?:approved?|rejected|declined?|postponed?|deferred|I agree|let['’]s go with)\b",
-    re.IGNORECASE,
-)
-# Sentence ends: CJK and ASCII stops, semicolons and line breaks (a period only before
-# a space, so "v2.7.3" and "a.py" stay whole).
-_SENTENCE = re.compile(r"[^。！？!?；;\n]+(?:[。！？!?；;]|$)", re.MULTILINE)
-_EN_STOP = re.compile(r"(?<=[.])\s+")
-_CLAUSE = re.compile(r"[^，,：:]+[，,：:]?")
-MAX_CONSTRAINT_CHARS = 160
-# A number with a short unit (11AM, 2048MB, 10min) is a quantity the model may respell.
 _QUANTITY = re.compile(r"\d+[A-Za-z]{1,4}")
-_SHORT_CLAUSE = 10  # a marker clause this short keeps the clause before it (its object)
-# Words that lead into a clause without being part of the constraint.
-_LEAD = re.compile(
-    r"^(?:(?:不过|但是|但|另外|还有|注意|而且|并且|所以|那|麻烦)\s*"
-    r"|(?:and|but|also|so|please|ok|okay|no)\b[\s,]*)+",
-    re.IGNORECASE,
-)
 
 
 @dataclass(frozen=True)
@@ -128,6 +108,16 @@ class Seen:
     message, a loop's goal): input for the invented-reference check, never restored."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """A summary Recap made and stored, that the new one merges into: the stage read it
+    from the store (the session's current version, the loop's working summary, the
+    version a Codex compaction item stands for). The lines an earlier guard restored
+    into it are Recap's own; nothing else is told apart by its shape."""
+
+    summary: str
 
 
 @dataclass(frozen=True)
@@ -142,6 +132,8 @@ def _texts(message: Any) -> tuple[str, list[str]]:
     """(role, texts) of a message: content, plus tool-call names and arguments."""
     if isinstance(message, Seen):
         return "seen", [message.text]
+    if isinstance(message, Earlier):
+        return "earlier", [message.summary]
     if not isinstance(message, dict):
         return "", []
     role = str(message.get("role") or "")
@@ -154,90 +146,90 @@ def _texts(message: Any) -> tuple[str, list[str]]:
     return role, texts
 
 
-def _is_constraint(text: str) -> bool:
-    if _ZH_MARKER.search(_ZH_NOT_MARKER.sub(" ", text)):
-        return True
-    return bool(_EN_MARKER.search(text))
-
-
-def constraint_sentences(text: str) -> list[str]:
-    """The sentences (or, for a long one, the clauses) of `text` that state a constraint,
-    verbatim, in order; questions are left out."""
-    out: list[str] = []
-    for m in _SENTENCE.finditer(text):
-        for sentence in _EN_STOP.split(m.group(0)):
-            sentence = sentence.strip()
-            if sentence.endswith(("?", "？")) or not _is_constraint(sentence):
-                continue
-            if len(sentence) > MAX_CONSTRAINT_CHARS:
-                clauses = [c.group(0) for c in _CLAUSE.finditer(sentence)]
-                for k, clause in enumerate(clauses):
-                    if not _is_constraint(clause):
-                        continue
-                    start = k - 1 if k and len(clause.strip()) < _SHORT_CLAUSE else k
-                    sentence = "".join(clauses[start : k + 1]).strip()
-                    break
-            sentence = sentence.strip().rstrip("，,：:")
-            if 4 <= len(sentence) <= MAX_CONSTRAINT_CHARS and sentence not in out:
-                out.append(sentence)
-    return out
-
-
 def user_constraints(messages: Sequence[Any]) -> list[str]:
-    """The user's constraints in `messages`, oldest first (see the module docstring)."""
+    """What the user said that binds, in `messages`, oldest first: the constraint and
+    decision sentences of their own words in user messages, and the lines an earlier
+    guard restored into an `Earlier` summary (see the module docstring)."""
     out: list[str] = []
     for message in messages:
         role, texts = _texts(message)
-        if role not in ("user", "assistant"):
+        if role == "user":  # the content: tool-call arguments state no constraint
+            found = constraint_sentences(own_text(texts[0]))
+        elif role == "earlier":
+            found = _restored_constraints(texts[0])
+        else:
             continue
-        for text in texts[:1]:  # the content: tool-call arguments state no constraint
-            found = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(text)]
-            if role == "assistant":
-                found = [q for q in found if _is_constraint(q)] + _restored_constraints(text)
-            else:
-                found += constraint_sentences(text)
-            for c in found:
-                if c.strip() and c.strip() not in out:
-                    out.append(c.strip())
+        for c in found:
+            if c.strip() and c.strip() not in out:
+                out.append(c.strip())
     return out
+
+
+def recorded_constraints(messages: Sequence[Any]) -> list[str]:
+    """The quotes an `Earlier` summary holds under User Constraints that read as one (the
+    model's record of them), and those an earlier guard kept as quoted data: kept through
+    a merge that drops them, as quoted data again."""
+    out: list[str] = []
+    for message in messages:
+        role, texts = _texts(message)
+        if role != "earlier":
+            continue
+        found = [
+            next(g for g in m.groups() if g).strip()
+            for section in _CONSTRAINTS_SECTION.finditer(texts[0])
+            for m in _QUOTED.finditer(section.group(1))
+        ]
+        kept = texts[0].rsplit(NOTE, 1)[1] if NOTE in texts[0] else ""  # the guard's list
+        found += [_said_value(m.group(1)) for m in _QUOTED_LINE.finditer(kept)]
+        out += [q for q in found if is_constraint(q) and POISON not in q and q not in out]
+    return out
+
+
+_CONSTRAINTS_SECTION = re.compile(
+    r"^[ \t]*#{1,6}[ \t]*User Constraints[ \t]*\n(.*?)(?=^[ \t]*#{1,6}[ \t]|\Z)",
+    re.IGNORECASE | re.MULTILINE | re.DOTALL,
+)
+# A line of a summary holding one quoted string, as the guard writes references.
+_QUOTED_LINE = re.compile(r'^[ \t]*-[ \t]*("(?:[^"\\\n]|\\.)*")[ \t]*$', re.M)
+# A line of a summary that says what the user said, as the guard writes them.
+_SAID_LINE = re.compile(rf"^([ \t]*[-*•][ \t]*){re.escape(SAID)}[ \t]*(.*?)[ \t]*$", re.M)
+
+
+def _said_value(text: str) -> str:
+    with contextlib.suppress(ValueError):
+        value = json.loads(text)
+        if isinstance(value, str):
+            return value.strip()
+    return text.strip().strip('"“”「」')
 
 
 def _restored_constraints(text: str) -> list[str]:
-    """The constraints an earlier guard restored into `text` (a previous summary)."""
+    """The constraints an earlier guard restored into `text` (an `Earlier` summary): its
+    lines that say what the user said, each a constraint or decision as the guard
+    restores them (a line that is not one was not the guard's)."""
     out = []
-    for line in text.splitlines():
-        if line.startswith(f"- {SAID} "):
-            with contextlib.suppress(ValueError):
-                value = json.loads(line[len(f"- {SAID} ") :])
-                if isinstance(value, str):
-                    out.append(value)
+    for m in _SAID_LINE.finditer(text):
+        value = _said_value(m.group(2))
+        if is_constraint(value) and POISON not in value:
+            out.append(value)
     return out
 
 
-def _folded(text: str) -> str:
-    return " ".join(text.split())
+def strike_unverified(summary: str, said: Sequence[str]) -> tuple[str, int]:
+    """`summary` with the attribution of every line shaped like a restored one (`- the
+    user said: ...`) whose words the user did not say (`said`) replaced by STRUCK, and
+    how many were: the model may copy a restored line, never write one."""
+    known = {folded(c) for c in said}
+    struck = 0
 
+    def strike(m: re.Match[str]) -> str:
+        nonlocal struck
+        if folded(_said_value(m.group(2))) in known:
+            return m.group(0)
+        struck += 1
+        return f"{m.group(1)}{STRUCK} {m.group(2)}"
 
-def _marked_clauses(constraint: str) -> list[str]:
-    """The clauses of a constraint that state it, without a leading 不过, 注意, but, ..."""
-    clauses = [_LEAD.sub("", c.group(0).strip(" ，,：:。.")) for c in _CLAUSE.finditer(constraint)]
-    return [c for c in clauses if _is_constraint(c)]
-
-
-def _core(constraint: str) -> list[str]:
-    """The shorter form of a constraint: its marked clauses joined, when that is shorter."""
-    core = "，".join(_marked_clauses(constraint))
-    return [core] if core and len(core) < len(constraint) else []
-
-
-def constraint_kept(constraint: str, summary: str) -> bool:
-    """Verbatim (whitespace folded), or every clause of it that states the constraint is
-    (without a leading 不过, 注意, but, please, ...)."""
-    folded = _folded(summary)
-    if _folded(constraint) in folded:
-        return True
-    marked = _marked_clauses(constraint)
-    return bool(marked) and all(_folded(c) in folded for c in marked)
+    return _SAID_LINE.sub(strike, summary), struck
 
 
 def summary_references(summary: str) -> list[str]:
@@ -303,12 +295,8 @@ def critical_references(messages: Sequence[Any]) -> list[str]:
             # (offset, reference, weight): a message's references in the order it says them,
             # whatever their kind, so its first ones are not all dates and amounts (a user
             # record's payment ids came after its every date, and lost the round-robin).
+            # Never a user's quoted text: free text, and maybe not theirs (a paste).
             found: list[tuple[int, str, float]] = []
-            if role == "user":
-                found += [
-                    (m.start(), next(g for g in m.groups() if g), 10.0)
-                    for m in _QUOTED.finditer(text)
-                ]
             for pattern in (_URL, _PATH, _DATE, _NUMBER_UNIT, _DIGIT_GROUPS, _VERSION):
                 found += [(m.start(), m.group(0), weight) for m in pattern.finditer(text)]
             if role != "tool":  # in tool results, snake_case is mostly JSON keys
@@ -348,11 +336,19 @@ def guard_summary(summary: str, replaced: Sequence[Any], max_chars: int, share: 
 
     `replaced` is the messages the summary stands for, plus any `Seen` text."""
     summary, struck = strike_invented(summary, replaced)
-    lost = [c for c in user_constraints(replaced) if not constraint_kept(c, summary)]
+    said = user_constraints(replaced)
+    summary, unsaid = strike_unverified(summary, said)
+    struck += unsaid
+    lost = [c for c in said if not constraint_kept(c, summary)]
     # Each entry: its lines, longest first; a constraint whose sentence does not fit comes
     # back as the clauses that state it.
     missing: list[tuple[str, ...]] = [
-        tuple(f"{SAID} {quoted(v)}" for v in (c, *_core(c)) if v) for c in lost
+        tuple(f"{SAID} {quoted(v)}" for v in (c, *shorter_form(c)) if v) for c in lost
+    ]
+    missing += [
+        (quoted(q),)
+        for q in recorded_constraints(replaced)
+        if q not in said and not constraint_kept(q, summary)
     ]
     missing += [(quoted(r),) for r in critical_references(replaced) if r not in summary]
     if not missing:

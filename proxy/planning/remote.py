@@ -7,7 +7,7 @@ that item in later inputs. Recap answers with a reference to a summary it stored
 (`reference.py`) and, when the item comes back, puts the summary in its place as a
 `user` message framed as a quoted record, never as instructions.
 
-Everything here is a function of its arguments: `proxy/remote_compaction.py` does the IO.
+Everything here is a function of its arguments: `proxy/stages/remote.py` does the IO.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.planning.framing import summary_message
+from proxy.planning.framing import defuse, framed_summary, summary_message
+from proxy.planning.guard import Earlier
+from proxy.planning.transcript import content_text
 
 TRIGGER = "compaction_trigger"
 # Codex reads `compaction_summary` as an alias of `compaction` (protocol/src/models.rs).
@@ -78,6 +80,22 @@ def summary_item(summary: str, language: str) -> dict[str, Any]:
     """The input item a compaction item is replaced by: the summary as user-side data."""
     text = summary_message(summary, "user", language, "session")["content"]
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def recognised(messages: Sequence[Any], stored: Sequence[str]) -> list[Any]:
+    """`messages` (to be summarised) with each expanded compaction item, a user message
+    that is exactly Recap's frame around one of the `stored` summaries of the
+    conversation, as the `Earlier` summary it stands for: the guard knows Recap's own
+    lines by where they come from, never by their shape."""
+    framed = {defuse(s.strip()): s for s in stored}
+    out: list[Any] = []
+    for m in messages:
+        summary = None
+        if isinstance(m, Mapping) and m.get("role") == "user":
+            body = framed_summary(content_text(m.get("content")))
+            summary = framed.get(body) if body is not None else None
+        out.append(Earlier(summary) if summary is not None else m)
+    return out
 
 
 def compaction_item(token: str) -> dict[str, Any]:

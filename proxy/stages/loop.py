@@ -34,7 +34,7 @@ from proxy.history.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
 from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
-from proxy.planning.guard import Seen
+from proxy.planning.guard import Earlier, Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
 from proxy.planning.outcome import CompactionOutcome, Layer, retry_detail
 from proxy.planning.transcript import (
@@ -281,7 +281,7 @@ class LoopStage:
                 max_chars=session.max_summary_chars,
                 call=ex.dialect.summary_call,
                 replaced=[
-                    *([{"role": "assistant", "content": state.summary}] if state else []),
+                    *([Earlier(state.summary)] if state else []),  # the stored working summary
                     *folded,
                     Seen(str(values["goal"])),  # shown, not replaced: the goal stays raw
                 ],

@@ -30,9 +30,16 @@ from proxy.history.messages import Message, chain_hashes, fingerprint, is_pinned
 from proxy.history.tokens import TokenCounter
 from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
+from proxy.planning.guard import Earlier
 from proxy.planning.outcome import Layer, retry_detail
 from proxy.planning.reference import BadReference, Reference, issue, verify
-from proxy.planning.remote import Usage, compaction_item, is_compaction, summary_item
+from proxy.planning.remote import (
+    Usage,
+    compaction_item,
+    is_compaction,
+    recognised,
+    summary_item,
+)
 from proxy.planning.transcript import detect_language, render_transcript, render_within
 from proxy.stages.audit import audit
 from proxy.stages.scenes import SceneSet
@@ -202,6 +209,9 @@ class RemoteCompactor:
                 item_tokens=weight,
             )
             batches = _batches(body, begin, policy.max_batch_messages, limits.budget)
+            # Codex sends the summaries it was given back expanded: the guard is told which
+            # stored version each one is (its lines are Recap's, not the user's words).
+            stored = [v.summary for v in await self.store.summary_versions(conv)]
             for k, (a, b) in enumerate(batches):
                 span = [m for m in body[a:b] if not is_pinned(m)]
                 if not span:
@@ -221,9 +231,10 @@ class RemoteCompactor:
                         model=model,
                         authorization=authorization,
                         max_chars=policy.max_summary_chars,
-                        replaced=[{"role": "assistant", "content": summary}, *span]
-                        if summary
-                        else span,
+                        replaced=[
+                            *([Earlier(summary)] if summary else []),
+                            *recognised(span, stored),
+                        ],
                         max_tokens=limits.max_tokens,
                         # Codex's own API is the Responses API; its summary is asked for
                         # as every Responses request's is.

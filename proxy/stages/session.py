@@ -31,7 +31,7 @@ from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Exchange
 from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
-from proxy.planning.guard import Seen
+from proxy.planning.guard import Earlier, Seen
 from proxy.planning.outcome import CompactionOutcome, Layer, retry_detail
 from proxy.planning.session import (
     AppliedSummary,
@@ -294,10 +294,11 @@ class SessionStage:
                         model=ex.model,
                         authorization=ex.headers.get("authorization"),
                         max_chars=policy.max_summary_chars,
-                        # The previous summary too: what the merge dropped from it is restored.
-                        # The current message is input the summary does not replace (Seen).
+                        # The stored summary merged into (Earlier): what the merge dropped
+                        # from it is restored. The current message is input the summary does
+                        # not replace (Seen).
                         replaced=[
-                            *([{"role": "assistant", "content": summary}] if summary else []),
+                            *([Earlier(summary)] if summary else []),
                             *span,
                             *([Seen(current)] if current else []),
                         ],

@@ -64,13 +64,22 @@ def _hidden(v: ConversationView, csrf: str) -> Html:
     )
 
 
+def _state(version: dict[str, Any]) -> str:
+    """The mark after a version's number: current, rolled back (discarded by a rollback, never
+    applied again unless named in another), or none; as the JSON detail's fields say."""
+    if version.get("current"):
+        return " (current)"
+    return " (rolled back)" if version.get("rolled_back") else ""
+
+
 def _actions(v: ConversationView, csrf: str) -> Html:
     versions = v.detail.get("versions") or []
     options = [
         render(
-            '<option value="{n}"{sel}>v{n} · {when} · covers {cov} messages</option>',
+            '<option value="{n}"{sel}>v{n}{state} · {when} · covers {cov} messages</option>',
             n=x["version"],
             sel=Html(" selected") if x.get("current") else Html(""),
+            state=_state(x),
             when=when(x.get("created_at")),
             cov=x.get("covered"),
         )
@@ -159,11 +168,12 @@ def _summaries(v: ConversationView) -> Html:
         return text
     rows = join(
         render(
-            '<tr><td>v{n}{cur}</td><td>{when}</td><td class="num">{cov}</td>'
+            '<tr class="{cls}"><td>v{n}{state}</td><td>{when}</td><td class="num">{cov}</td>'
             '<td class="num">{chars}</td><td class="num">{tin} / {tout}</td><td>{model}</td>'
             "<td>{reason}</td></tr>",
+            cls="rolled-back" if x.get("rolled_back") else "",
             n=x["version"],
-            cur=" (current)" if x.get("current") else "",
+            state=_state(x),
             when=when(x.get("created_at")),
             cov=number(x.get("covered")),
             chars=number(x.get("summary_chars")),

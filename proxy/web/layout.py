@@ -73,6 +73,7 @@ overflow:auto}
 tr.ok td.outcome{color:#1a7f37}
 tr.failed td.outcome{color:#cf222e}
 tr.rollback{background:#fff8c5}
+tr.rolled-back td{color:#656d76}
 tr.chosen{background:#ddf4ff}
 .login{max-width:380px;margin:80px auto;background:#fff;border:1px solid #d0d7de;
 border-radius:6px;padding:20px 24px}
@@ -129,8 +130,10 @@ def login_page(message: str | None = None) -> Html:
         '<input id="key" name="key" type="password" autocomplete="current-password"'
         " required autofocus>"
         '<button class="primary" type="submit">Log in</button>'
-        '<p class="muted">An admin key sees every tenant; a tenant\'s proxy key sees that'
-        " tenant.</p></form>",
+        '<p class="muted">An admin key (<code>admin_keys</code> in the config) sees every'
+        " tenant; a tenant's proxy key (its <code>api_keys</code>) sees that tenant. With no"
+        " <code>admin_keys</code> configured, <code>recap serve</code> makes an admin key on"
+        " its first start and names the file that holds it in its start-up line.</p></form>",
         action=url("/login"),
         error=error,
     )

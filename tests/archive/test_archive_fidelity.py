@@ -20,7 +20,6 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import create_app
 from proxy.config import parse_config
 from tests.fakes import FakeUpstream
 from tests.faults import (
@@ -32,7 +31,7 @@ from tests.faults import (
     wait_until,
 )
 from tests.pg import fresh_schema, postgres_url
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 CLIENT_KEY = "client-proxy-key-7f3a"
 UPSTREAM_KEY = "upstream-secret-91c2"
@@ -87,7 +86,7 @@ def proxy(fake: FakeUpstream, tmp_path: Path) -> Iterator[str]:
             },
         }
         config = parse_config(data, env={}, base_dir=str(tmp_path))
-        with serve(create_app(config)) as url:
+        with serve(recap_app(config)) as url:
             yield url
 
 
@@ -205,7 +204,7 @@ def test_the_clients_proxy_key_never_reaches_the_upstream(tmp_path: Path) -> Non
         }
         data = compacting_data(upstream_url, tmp_path, tenants={"default": tenant})
         config = parse_config(data, env={}, base_dir=str(tmp_path))
-        with serve(create_app(config)) as url:
+        with serve(recap_app(config)) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key=CLIENT_KEY, max_retries=0)
             # A compacting request (its summarizer call too), a streamed one, a pass-through.
             r = client.chat.completions.with_raw_response.create(
@@ -285,7 +284,7 @@ def test_a_failed_archive_write_means_no_compaction(store: str, tmp_path: Path) 
     with serve(fake) as upstream_url, backend(store, tmp_path) as (store_url, run, (refuse, allow)):
         data = compacting_data(upstream_url, tmp_path, store=store_url)
         config = parse_config(data, env={}, base_dir=str(tmp_path))
-        with serve(create_app(config)) as url:
+        with serve(recap_app(config)) as url:
 
             def post(key: str, seed: int) -> tuple[httpx.Response, dict[str, Any]]:
                 body = {"model": MODEL, "messages": history(seed=seed)}

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.archive.archived import ArchivedIndex
 from proxy.store.base import ConversationRef
+
+pytestmark = pytest.mark.quick
 
 A, B = ConversationRef("t", "a"), ConversationRef("t", "b")
 

@@ -9,6 +9,10 @@ sent, exactly once. (The archive appends the request's record to its journal bef
 answer's final bytes, and the next start stores what a killed process left there; with
 the journal switched off it commits the record while the upstream answers, and the
 final bytes wait for that commit.)
+
+The SIGKILL rounds catch a regression only when a kill lands between an answer's final
+bytes and its commit; `test_final_bytes_wait_for_the_commit` holds the commit itself (the
+store's write lock, taken by the test) and sees the final bytes withheld until it lets go.
 """
 
 from __future__ import annotations
@@ -25,20 +29,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import yaml
 
+from proxy.config import parse_config
 from proxy.store import open_store
 from proxy.store.base import ConversationRef
 from tests.fakes import FakeUpstream, Reply
 from tests.pg import fresh_schema, postgres_url
-from tests.servers import free_port
+from tests.servers import free_port, read_body, recap_app, serve
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = 6
 # Completions after which a client kills the proxy, one round each.
-KILL_AFTER = (3, 17, 30)
+KILL_AFTER = (4, 25)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -121,6 +127,7 @@ def load_until_killed(
     return answered
 
 
+@pytest.mark.timeout(600)  # subprocess starts: seconds of CPU each
 @pytest.mark.parametrize("journal", [True, False], ids=["journal", "commit"])
 def test_answered_requests_survive_sigkill(
     store_url: str, journal: bool, upstream_url: str, fake: FakeUpstream, tmp_path: Path
@@ -198,3 +205,140 @@ def test_the_record_is_committed_while_the_upstream_answers(
         timeout=30,
     )
     assert r.json()["choices"][0]["message"]["content"] == "archived first"
+
+
+# -- the final bytes wait for the commit: deterministic, the commit held by the test ------
+
+LAST = b'data: {"choices": [{"index": 0, "delta": {"content": "last words"}}]}\n\n'
+
+
+async def _one_write_stream(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An upstream that sends its whole SSE answer, last content and `[DONE]`, in ONE write:
+    the proxy reads them as one chunk, so whatever it sends of that chunk before the commit
+    is what a gate holding back `[DONE]` lets through, and no timing decides it."""
+    if scope["type"] != "http":
+        return
+    await read_body(receive)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
+    await send({"type": "http.response.body", "body": LAST + b"data: [DONE]\n\n"})
+
+
+class Hold:
+    """The store's write lock, taken by another connection: the proxy's commit of the
+    request's record waits on it (SQLite: busy_timeout, 5 s; PostgreSQL: until released)."""
+
+    def __init__(self, store_url: str, tmp_path: Path) -> None:
+        self.sqlite = store_url.startswith("sqlite")
+        self.db = tmp_path / "recap.db"
+        self.url = store_url
+        self._release = threading.Event()
+        self._held = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def requests(self) -> int:
+        """Request events on disk (committed ones only)."""
+        if self.sqlite:
+            with contextlib.closing(sqlite3.connect(self.db)) as conn:
+                row = conn.execute("SELECT count(*) FROM events WHERE type = 'request'")
+                return int(row.fetchone()[0])
+
+        async def count() -> int:
+            conn = await asyncpg.connect(self.url, timeout=10)
+            try:
+                return int(
+                    await conn.fetchval("SELECT count(*) FROM events WHERE type = 'request'")
+                )
+            finally:
+                await conn.close()
+
+        return asyncio.run(count())
+
+    def __enter__(self) -> Hold:
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+        self._thread.start()
+        assert self._held.wait(30), "the test could not take the store's write lock"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        self._release.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _hold(self) -> None:
+        if self.sqlite:
+            conn = sqlite3.connect(self.db, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                self._held.set()
+                self._release.wait(60)
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
+            return
+
+        async def hold() -> None:
+            conn = await asyncpg.connect(self.url, timeout=10)
+            try:
+                async with conn.transaction():
+                    await conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
+                    self._held.set()
+                    await asyncio.to_thread(self._release.wait, 60)
+            finally:
+                await conn.close()
+
+        asyncio.run(hold())
+
+
+def test_final_bytes_wait_for_the_commit(store_url: str, tmp_path: Path) -> None:
+    """Without a journal, the answer's `[DONE]` is held until the request's record is
+    committed: while the test holds the store's write lock, the client has the answer's
+    last words (sent in the same upstream chunk as `[DONE]`) and not `[DONE]`; once the
+    lock is released, `[DONE]` comes, and the record is on disk by then."""
+    with serve(_one_write_stream) as upstream:
+        config = parse_config(
+            {
+                "store": store_url,
+                "archive": {"journal": False},
+                "tenants": {"default": {"upstream": {"base_url": f"{upstream}/v1"}}},
+            },
+            env={},
+            base_dir=str(tmp_path),
+        )
+        with serve(recap_app(config)) as proxy:
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            hold = Hold(store_url, tmp_path)
+            received = b""
+            with (
+                hold,
+                httpx.stream(
+                    "POST",
+                    f"{proxy}/v1/chat/completions",
+                    json=body,
+                    headers={"x-conversation-id": "held"},
+                    timeout=30,
+                ) as s,
+            ):
+                assert s.status_code == 200
+                chunks = s.iter_raw()
+                while b"last words" not in received:
+                    received += next(chunks)
+                # The chunk that held the last words held [DONE] too: it was split there.
+                assert b"[DONE]" not in received, "the final bytes went out before the commit"
+                assert hold.requests() == 0  # the commit is still waiting on the test's lock
+                hold.release()
+                for chunk in chunks:
+                    received += chunk
+                    if b"[DONE]" in received:
+                        # The moment the client holds a complete answer, its record is on disk.
+                        assert hold.requests() == 1
+                        break
+            assert received.endswith(b"data: [DONE]\n\n")

@@ -9,10 +9,14 @@ import fcntl
 import os
 from pathlib import Path
 
+import pytest
+
 from proxy.archive.archiver import Archiver
 from proxy.archive.journal import Journal, decode, encode, orphans
 from proxy.store import ConversationRef, SqliteStore
 from proxy.store.base import ExchangeRecord
+
+pytestmark = pytest.mark.quick
 
 CONV = ConversationRef("default", "c")
 

@@ -23,6 +23,8 @@ from tests.fake_responses import input_problems
 from tests.servers import serve
 from tests.trajectories import DATA, sessions
 
+pytestmark = pytest.mark.quick
+
 needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
 
 

@@ -20,12 +20,11 @@ from agents import (
 )
 from openai import AsyncOpenAI
 
-from proxy.app import create_app
 from proxy.planning.framing import FRAME_OPEN
 from tests.conftest import LogCapture
 from tests.fake_responses import Answer, FakeResponses
 from tests.faults import MODEL, compacting_config
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 # The SDK would otherwise export traces to OpenAI.
 set_tracing_disabled(True)
@@ -58,7 +57,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[FakeResponses, str]]:
     fake = FakeResponses()
     with serve(fake.app) as up:
         config = compacting_config(up, tmp_path, loop={"loop_trigger_tool_rounds": 4})
-        with serve(create_app(config)) as url:
+        with serve(recap_app(config)) as url:
             yield fake, url + "/v1"
 
 

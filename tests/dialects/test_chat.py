@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from proxy.dialects.base import Parsed, PassReason, Unparsed
 from proxy.dialects.chat import ChatDialect
+
+pytestmark = pytest.mark.quick
 
 D = ChatDialect()
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from proxy.dialects.responses_answer import ResponsesRecorder
+
+pytestmark = pytest.mark.quick
 
 
 def sse(*events: dict[str, Any], tail: bytes = b"") -> bytes:

@@ -16,12 +16,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app import create_app
 from proxy.dialects.responses import ITEMS
 from proxy.history.messages import fingerprint
 from tests.conftest import make_config
 from tests.fake_responses import Answer, FakeResponses
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 ADMIN = "admin-key"
 KEY = "key-a"
@@ -45,7 +44,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[FakeResponses, str]]:
                 }
             },
         )
-        with serve(create_app(config)) as url:
+        with serve(recap_app(config)) as url:
             yield fake, url + "/v1"
 
 

@@ -12,12 +12,11 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import create_app
 from proxy.planning.framing import FRAME_OPEN
 from tests.conftest import LogCapture, make_config
 from tests.fake_responses import Answer, FakeResponses, input_problems
 from tests.faults import MODEL, compacting_config, history
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 
 def responses_items(chat: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
@@ -79,7 +78,7 @@ def responses_up(fake_responses: FakeResponses) -> Iterator[str]:
 
 @pytest.fixture
 def plain(responses_up: str, tmp_path: Path) -> Iterator[str]:
-    with serve(create_app(make_config(responses_up, tmp_path))) as url:
+    with serve(recap_app(make_config(responses_up, tmp_path))) as url:
         yield url + "/v1"
 
 
@@ -88,7 +87,7 @@ def compacting(responses_up: str, tmp_path: Path) -> Iterator[Callable[..., str]
     urls: list[Any] = []
 
     def start(**kwargs: Any) -> str:
-        cm = serve(create_app(compacting_config(responses_up, tmp_path, **kwargs)))
+        cm = serve(recap_app(compacting_config(responses_up, tmp_path, **kwargs)))
         urls.append(cm)
         return cm.__enter__() + "/v1"
 
@@ -114,6 +113,41 @@ def test_unchanged_request_goes_up_as_the_very_bytes(
     (sent,) = fake_responses.response_requests()
     assert sent.json["input"] == "Say hello." and sent.json["vendor"] == {"x": 1}
     assert sent.json["store"] is False and sent.json["instructions"] == "Be brief."
+
+
+# What OpenAI rejects: a call without its output, an output without its call, a reasoning
+# item with nothing after it, an unknown role. (A `compaction` item is Recap's own: it
+# answers those itself, tests/edge/test_codex.py.)
+REJECTED = {
+    "call_without_output": [
+        {"role": "user", "content": "a"},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+    ],
+    "output_without_call": [
+        {"role": "user", "content": "a"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "r"},
+    ],
+    "lone_reasoning": [
+        {"role": "user", "content": "a"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+    ],
+    "tool_role": [{"role": "tool", "content": "x"}],
+}
+
+
+@pytest.mark.parametrize("kind", list(REJECTED))
+def test_input_openai_rejects_goes_up_as_sent_and_its_400_comes_back(
+    plain: str, fake_responses: FakeResponses, kind: str
+) -> None:
+    """The proxy never mends nor hides a bad input: it goes up as the client sent it, and
+    the upstream's 400 reaches the client unchanged (the fake rejects what OpenAI does)."""
+    items = REJECTED[kind]
+    body = {"model": "gpt-4o", "input": items}
+    r = httpx.post(f"{plain}/responses", json=body, headers={"x-conversation-id": kind})
+    assert r.status_code == 400, r.text
+    (sent,) = fake_responses.response_requests()
+    assert sent.json == body
+    assert r.json()["error"]["message"] == fake_responses.problems[0] == input_problems(body)[0]
 
 
 def test_stream_is_relayed_event_by_event(plain: str, fake_responses: FakeResponses) -> None:

@@ -19,10 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.app import create_app
 from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 ADMIN = {"authorization": "Bearer adm-boundary"}
 SHAPE = {"message", "type", "param", "code"}
@@ -110,7 +109,7 @@ def test_unexpected_exception_is_a_500_in_the_error_shape_logged_with_request_id
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
-    app = create_app(make_config(upstream_url, tmp_path))
+    app = recap_app(make_config(upstream_url, tmp_path))
     # Routes of the real app, in front of its own: the whole stack around them is real.
     app.router.routes[:0] = [Route("/boom", boom), Route("/boom-stream", boom_stream)]
     with serve(app) as url:

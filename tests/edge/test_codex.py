@@ -20,11 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.app import create_app
 from proxy.config import parse_config
 from tests import codex_bodies as codex
 from tests.fake_responses import FakeResponses
-from tests.servers import serve
+from tests.fakes import Reply
+from tests.servers import recap_app, serve
 
 
 class Upstream(FakeResponses):
@@ -77,7 +77,7 @@ def recap(upstream: tuple[Upstream, str], tmp_path: Path) -> Iterator[Callable[.
     servers: list[Any] = []
 
     def start(**tenant: Any) -> str:
-        cm = serve(create_app(config(upstream[1], tmp_path, **tenant)))
+        cm = serve(recap_app(config(upstream[1], tmp_path, **tenant)))
         servers.append(cm)
         return cm.__enter__() + "/v1"
 
@@ -283,10 +283,10 @@ def test_a_reference_to_a_summary_the_store_lost_is_a_400(
 ) -> None:
     fake, url = upstream
     cfg = config(url, tmp_path, secret="s" * 40)
-    with serve(create_app(cfg)) as base:
+    with serve(recap_app(cfg)) as base:
         item = compact_v2(base + "/v1", codex.history())
     (tmp_path / "recap.db").unlink()
-    with serve(create_app(cfg)) as base:
+    with serve(recap_app(cfg)) as base:
         r = turn(base + "/v1", codex.after_compaction(item, "go on"))
     assert r.status_code == 400
     assert "does not have" in r.json()["error"]["message"]
@@ -298,9 +298,9 @@ def test_references_outlive_a_restart_on_the_same_store(
 ) -> None:
     fake, url = upstream
     cfg = config(url, tmp_path)
-    with serve(create_app(cfg)) as base:
+    with serve(recap_app(cfg)) as base:
         item = compact_v2(base + "/v1", codex.history())
-    with serve(create_app(cfg)) as base:
+    with serve(recap_app(cfg)) as base:
         r = turn(base + "/v1", codex.after_compaction(item, "go on"))
     assert r.status_code == 200, r.text
     assert fake.problems == []
@@ -397,3 +397,28 @@ def test_metrics_count_what_remote_compaction_did(
     assert 'recap_remote_compactions_total{action="trigger",reused="false"} 1.0' in text
     assert 'recap_remote_compactions_total{action="trigger",reused="true"} 1.0' in text
     assert 'recap_remote_compactions_total{action="expanded",reused=""} 1.0' in text
+
+
+def test_the_guard_takes_neither_codexs_context_nor_recaps_frame_for_the_users_words(
+    upstream: tuple[Upstream, str], recap: Callable[..., str]
+) -> None:
+    """Issue 23.1: on a second compaction, the input holds Codex's <environment_context>
+    (its quoted values: "managed", "restricted") and the first summary, expanded (Recap's
+    framing text: "treat what it records as done ..."); neither is the user's. What the
+    first guard restored is Recap's own: the stage says which stored version it is."""
+    fake, _ = upstream
+    fake.summarize = lambda body: Reply(content="<summary>\n## User Goal\nFix a test.\n</summary>")
+    base = recap()
+    own = "Never push to main."
+    first = compact_v2(base, [*codex.history(), codex.message("user", own, 14)])
+    later = codex.after_compaction(first, "Now also run the linter")
+    later += codex.tool_round(21, "ruff check src", "src/parser.py:3:1 F401 unused import")
+    second = compact_v2(base, later)
+    r = turn(base, codex.after_compaction(second, "thanks"))
+    assert r.status_code == 200, r.text
+    text = forwarded_inputs(fake)[-1][4]["content"][0]["text"]
+    summary = text.split("<recap-summary>", 1)[1]
+    said = [ln for ln in summary.splitlines() if ln.startswith("- the user said:")]
+    assert said == [f"- the user said: {json.dumps(own)}"]  # carried over, once
+    for value in ('"managed"', '"restricted"', '"read"', "treat what it records", "do not redo"):
+        assert value not in summary, value

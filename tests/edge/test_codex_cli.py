@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.app import create_app
 from proxy.config import parse_config
 from tests.fake_responses import FakeResponses
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 CODEX = shutil.which("codex")
 # Against a hang only (Codex waits on nothing here); a run takes a few seconds.
@@ -65,7 +64,7 @@ def test_codex_compacts_remotely_through_recap_on_a_non_openai_upstream(tmp_path
             env={},
             base_dir=str(tmp_path),
         )
-        with serve(create_app(config)) as recap:
+        with serve(recap_app(config)) as recap:
             (home / "config.toml").write_text(CONFIG.format(base=recap + "/v1"))
             env = {**os.environ, "CODEX_HOME": str(home), "RECAP_TEST_KEY": "key-a"}
             runs = []

@@ -17,6 +17,8 @@ import pytest
 
 from tests.fakes import FakeUpstream
 
+pytestmark = pytest.mark.quick
+
 ADMIN = "adm-secret-K9q2"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

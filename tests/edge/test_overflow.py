@@ -20,12 +20,12 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import create_app
 from proxy.edge.overflow import detect, retry_window
+from proxy.planning.framing import FRAME_OPEN
 from proxy.stages.calibration import MAX_RATIO, Calibration
 from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream, Reply, overflowing
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 LIMIT = 16_000
 
@@ -86,6 +86,11 @@ def test_overflow_is_compacted_harder_and_retried_once(
     (line,) = logs.access()
     assert line["overflow_retry"] is True and line["overflow_limit"] == LIMIT
     assert line["upstream_status"] == 200
+    # Harder: forced, on a window under the configured one (the first try's) and under
+    # what the first try weighed, and the retry's history fits it.
+    assert line["session_trigger"] == "forced"
+    assert line["overflow_retry_window"] < min(LIMIT, line["overflow_estimate"])
+    assert line["input_tokens"] <= line["overflow_retry_window"]
 
 
 def test_the_learned_ratio_budgets_the_next_conversation(
@@ -292,7 +297,7 @@ def test_a_retry_that_fails_is_archived_as_the_retry(
     config = dataclasses.replace(
         config, tenants={"default": dataclasses.replace(tenant, upstream=fast)}
     )
-    with serve(create_app(config)) as base:
+    with serve(recap_app(config)) as base:
         with pytest.raises(openai.APIStatusError):
             client(base + "/v1").chat.completions.create(
                 model="gpt-4o",
@@ -308,6 +313,74 @@ def test_a_retry_that_fails_is_archived_as_the_retry(
     assert [a["request_id"] for a in answers] == requests
     assert answers[0]["error"] == "context_length_exceeded"
     assert answers[1]["status"] >= 500
+
+
+def test_a_compacted_try_that_overflows_is_compacted_harder(
+    proxy_factory: Callable[..., str], fake: FakeUpstream, logs: LogCapture
+) -> None:
+    """The first try is compacted already (Recap's estimate is over its trigger) and still
+    overflows an upstream that counts four times as many tokens: the retry is planned
+    again on a smaller window, forced, and sends less than the first try did."""
+
+    def harsh(body: dict[str, Any]) -> int:  # a token per character of content
+        return sum(len(json.dumps(m.get("content"))) for m in body["messages"])
+
+    fake.chat = overflowing(LIMIT, harsh)
+    url = proxy_factory(models={"gpt-4o": {"context_window": LIMIT}})
+    messages = history(40, "h")
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers={"x-conversation-id": "harder"},
+    )
+    assert raw.parse().choices[0].message.content == "Answered within the window."
+    assert raw.headers["x-recap-overflow-retry"] == "1"
+    first, second = fake.chat_requests()
+    assert len(first.json["messages"]) < len(messages)  # the first try was compacted...
+    assert any(FRAME_OPEN in str(m["content"]) for m in first.json["messages"])
+    assert harsh(second.json) < harsh(first.json)  # ...and the retry harder
+    assert harsh(second.json) <= LIMIT
+    assert second.json["messages"][-1] == messages[-1]
+    (line,) = logs.access()
+    # On a window under what the first try weighed in Recap's count, forced.
+    assert line["overflow_retry_window"] < line["overflow_estimate"]
+    assert line["session_trigger"] == "forced"
+    assert line["input_tokens"] <= line["overflow_retry_window"]
+
+
+def test_the_retry_is_planned_on_the_smaller_window(
+    proxy_factory: Callable[..., str], fake: FakeUpstream, logs: LogCapture
+) -> None:
+    """A tool loop whose results fit Recap's window in its count but not the upstream's:
+    a forced compaction on the same window would fold the earlier turns and still send
+    every result; on the retry's window the old results are trimmed too."""
+
+    def harsh(body: dict[str, Any]) -> int:  # a token per character of content
+        return sum(len(json.dumps(m.get("content"))) for m in body["messages"])
+
+    fake.chat = overflowing(LIMIT, harsh)
+    url = proxy_factory(models={"gpt-4o": {"context_window": LIMIT}})
+    messages = history(4, "w")
+    for i in range(8):
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        result = " ".join(f"w{i}r{j} fare rule detail" for j in range(100))[:2200]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": result},
+        ]
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers={"x-conversation-id": "window"},
+    )
+    assert raw.parse().choices[0].message.content == "Answered within the window."
+    first, second = fake.chat_requests()
+    assert first.json["messages"] == messages
+    assert harsh(second.json) <= LIMIT
+    assert second.json["messages"][-1] == messages[-1]  # the newest result, as sent
+    (line,) = logs.access()
+    assert line["overflow_retry_window"] < LIMIT / 2
+    assert line["input_tokens"] <= line["overflow_retry_window"]
 
 
 async def _error_then_reset(scope: Any, receive: Any, send: Any) -> None:
@@ -335,7 +408,7 @@ def test_a_reset_inside_the_upstreams_error_answer_is_a_502(tmp_path: Path) -> N
     internal_error)."""
     with ExitStack() as stack:
         upstream = stack.enter_context(serve(_error_then_reset))
-        base = stack.enter_context(serve(create_app(make_config(upstream, tmp_path))))
+        base = stack.enter_context(serve(recap_app(make_config(upstream, tmp_path))))
         r = httpx.post(
             f"{base}/v1/chat/completions",
             json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},

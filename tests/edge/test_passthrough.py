@@ -7,8 +7,11 @@ from collections.abc import Callable
 
 import httpx
 import openai
+import pytest
 
 from tests.fakes import FakeUpstream
+
+pytestmark = pytest.mark.quick
 
 
 def test_method_query_body_headers_forwarded(proxy_url: str, fake: FakeUpstream) -> None:

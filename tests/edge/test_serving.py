@@ -27,12 +27,11 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.app import create_app
 from proxy.config import Listen
 from proxy.edge.serving import AcceptErrors, BodyClock, SlowClients, protocol_for
 from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream
-from tests.servers import serve
+from tests.servers import recap_app, serve
 from tests.slow import (
     EndlessStreams,
     Trickler,
@@ -47,7 +46,7 @@ HANG_GUARD_S = 60  # only so a broken build fails instead of hanging the suite
 
 @pytest.fixture
 def guarded(upstream_url: str, tmp_path: Path) -> Iterator[str]:
-    app = create_app(make_config(upstream_url, tmp_path))
+    app = recap_app(make_config(upstream_url, tmp_path))
     with serve(app, http=protocol_for(Listen(header_timeout_s=0.5, max_connections=8))) as url:
         yield url
 
@@ -133,7 +132,7 @@ def endless() -> Iterator[tuple[EndlessStreams, str]]:
 
 def served(upstream: str, tmp_path: Path, **listen: Any) -> Any:
     config = make_config(upstream, tmp_path)
-    return serve(create_app(config), http=protocol_for(Listen(**listen)))
+    return serve(recap_app(config), http=protocol_for(Listen(**listen)))
 
 
 def test_a_trickled_body_gets_408_and_its_connection_closed(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.history.fingerprints import PER_MESSAGE_BYTES, FingerprintCache
 from proxy.history.messages import chain_hashes, fingerprint, split_pinned
 from proxy.store.base import ConversationRef
+
+pytestmark = pytest.mark.quick
 
 
 def _fresh(messages: list[dict[str, object]]) -> tuple[list[str], list[str]]:

@@ -9,6 +9,8 @@ from proxy.errors import BadRequest, Unauthorized
 from proxy.history.identity import conversation_ref, resolve_tenant
 from proxy.history.messages import Classification, classify
 
+pytestmark = pytest.mark.quick
+
 CFG = parse_config(
     {
         "tenants": {

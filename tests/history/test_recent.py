@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.history.recent import RecentlyUsed
+
+pytestmark = pytest.mark.quick
 
 
 def test_entries_unused_for_idle_s_are_forgotten_and_use_keeps_them() -> None:

@@ -53,7 +53,7 @@ class Server:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        ok = wait_until(self._healthy, timeout=30, step=0.05)
+        ok = wait_until(self._healthy, timeout=120, step=0.05)  # a hang guard
         if not ok:
             self.kill()
             raise RuntimeError("server did not start")
@@ -127,6 +127,7 @@ def config(tmp_path: Path) -> Iterator[Path]:
         yield path
 
 
+@pytest.mark.timeout(600)  # subprocess starts: seconds of CPU each
 def test_cli_beside_a_running_server_sees_fresh_data_and_a_kill_loses_nothing(
     config: Path, tmp_path: Path
 ) -> None:
@@ -157,7 +158,7 @@ def test_cli_beside_a_running_server_sees_fresh_data_and_a_kill_loses_nothing(
                 chat(key, f"{key} question {round_}")
             # The archive is written just after each answer: the CLI sees it soon after.
             for key in ("alpha", "beta"):
-                assert wait_until(lambda key=key: committed(key), timeout=20, step=0.2), key
+                assert wait_until(lambda key=key: committed(key), timeout=90, step=0.2), key
             listing = json.loads(recap(config, "conversations", "--json"))
             assert {c["key"] for c in listing["data"]} == {"alpha", "beta"}
             show = json.loads(recap(config, "show", "alpha", "--json"))
@@ -176,6 +177,6 @@ def test_cli_beside_a_running_server_sees_fresh_data_and_a_kill_loses_nothing(
             # once: the fake upstream's answers are all alike.
             assert archived == distinct(messages[:-1])
         chat("alpha", "after the restart")
-        assert wait_until(lambda: committed("alpha"), timeout=20, step=0.2)
+        assert wait_until(lambda: committed("alpha"), timeout=90, step=0.2)
     finally:
         server.kill()

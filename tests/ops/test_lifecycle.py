@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from proxy.config import parse_config
+from proxy.ops.admin_key import PageKey
 from proxy.ops.lifecycle import safe_url, started_fields, upstream_host
 
 
@@ -55,3 +58,46 @@ def test_started_fields_name_address_store_tenants_and_version() -> None:
     text = repr(fields)
     for secret in ("hunter2", "rk-acme-secret", "sk-x", "u:p"):
         assert secret not in text, secret
+
+
+def test_the_start_line_names_the_store_file_the_page_and_the_windows(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "store": "sqlite:///./data/recap.db",
+            "default_context_window": 32000,
+            "models": {"gpt-4o": {"context_window": 128000}, "small": {"context_window": 8000}},
+        },
+        env={},
+        base_dir=str(tmp_path),
+    )
+    key_file = tmp_path / "data" / "recap.db-admin-key"
+    fields = started_fields(config, "http://0.0.0.0:8080", PageKey("file", key_file, made=True))
+    # The file the store is, resolved against the config's directory, not the URL as written.
+    assert fields["store"] == str(tmp_path / "data" / "recap.db")
+    assert fields["page"] == "http://127.0.0.1:8080/recap/"  # a wildcard host: this machine's
+    assert fields["admin_key_file"] == str(key_file)
+    assert fields["context_windows"] == {"default": 32000, "gpt-4o": 128000, "small": 8000}
+    msg = fields["msg"]
+    assert f"store {tmp_path / 'data' / 'recap.db'};" in msg
+    assert f"page http://127.0.0.1:8080/recap/ (admin key in {key_file}, made now)" in msg
+    assert "context windows: gpt-4o 128,000, small 8,000, other models 32,000" in msg
+
+
+def test_the_start_line_says_where_the_admin_keys_are_or_why_there_are_none() -> None:
+    config = parse_config({"store": "sqlite:///:memory:"}, env={})
+    fields = started_fields(config, "http://[::1]:9000", PageKey("config"))
+    assert "page http://[::1]:9000/recap/ (admin keys from the config)" in fields["msg"]
+    assert fields["store"] == "sqlite :memory:" and fields["admin_key_file"] is None
+    assert "context windows: every model 96,000" in fields["msg"]
+    missing = PageKey("none", Path("/ro/recap-admin-key"), problem="cannot write /ro/x: denied")
+    fields = started_fields(config, "http://127.0.0.1:1", missing)
+    assert "(no admin key: cannot write /ro/x: denied; set admin_keys)" in fields["msg"]
+
+
+def test_many_models_are_counted_not_listed() -> None:
+    models = {f"m{i}": {"context_window": 1000 + i} for i in range(9)}
+    fields = started_fields(parse_config({"models": models}, env={}), "http://h:1", None)
+    assert (
+        "m0 1,000, m1 1,001, m2 1,002, m3 1,003 and 5 more, other models 96,000" in (fields["msg"])
+    )
+    assert len(fields["context_windows"]) == 10  # the JSON line has them all

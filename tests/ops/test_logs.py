@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -13,6 +16,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from proxy.ops.ansi import Style
 from proxy.ops.logs import JsonFormatter, TextFormatter
@@ -21,7 +25,14 @@ from proxy.ops.tail import tail
 from tests.fakes import FakeUpstream
 from tests.faults import compacting_config, history, post
 
+pytestmark = pytest.mark.quick
+
 SECRET_CONTENT = "my card number is 4111-1111-1111-1111"
+
+
+def without_days(text: str) -> list[str]:
+    """Tail's lines without its date-and-zone lines (tested on their own below)."""
+    return [line for line in text.splitlines() if not line.startswith("-- ")]
 
 
 def test_access_line_fields_and_no_secrets(
@@ -113,7 +124,7 @@ def test_tail_renders_and_filters() -> None:
     text = "\n".join(json.dumps(r) for r in records) + "\nnot json\n"
     out = io.StringIO()
     tail(io.StringIO(text), out)
-    lines = out.getvalue().splitlines()
+    lines = without_days(out.getvalue())
     assert len(lines) == 4
     assert lines[0].split()[1:3] == ["200", "t/a"] and lines[0].endswith("total 12.5 ms")
     assert lines[1].split()[1:3] == ["502", "u/b"]
@@ -123,7 +134,7 @@ def test_tail_renders_and_filters() -> None:
     for kw, expect in (({"conversation": "b"}, "u/b"), ({"tenant": "t"}, "t/a")):
         out = io.StringIO()
         tail(io.StringIO(text), out, **kw)  # type: ignore[arg-type]
-        assert [x.split()[2] for x in out.getvalue().splitlines()] == [expect]
+        assert [x.split()[2] for x in without_days(out.getvalue())] == [expect]
     out = io.StringIO()
     tail(io.StringIO(text), out, raw=True, conversation="a")
     assert out.getvalue() == json.dumps(records[0]) + "\n"
@@ -176,7 +187,7 @@ def test_tail_on_a_real_log_reads_one_short_line_per_request(
 
     out = io.StringIO()
     tail(io.StringIO(logs.text), out)
-    lines = out.getvalue().splitlines()
+    lines = without_days(out.getvalue())
     # Request lines carry a status; the others are the compactions' "started" lines.
     requests = [x for x in lines if not x.startswith(" ") and x.split()[1].isdigit()]
     started = [x for x in lines if "compaction started" in x]
@@ -215,7 +226,10 @@ def test_text_format_prints_what_tail_prints() -> None:
     record.fields = {"tenant": "t", "conversation": "c", "status": 200, "session_failure": None}
     as_json = json.loads(JsonFormatter().format(record))
     assert "session_failure" not in as_json
-    assert TextFormatter().format(record) == tail_render(as_json)
+    text = TextFormatter()
+    day, line = text.format(record).splitlines()
+    assert day.startswith("-- ") and line == tail_render(as_json)
+    assert text.format(record) == tail_render(as_json)  # the same day: said once
 
 
 def test_tail_reads_each_layer_from_the_compactions_list() -> None:
@@ -262,3 +276,45 @@ def test_tail_reads_each_layer_from_the_compactions_list() -> None:
     assert (
         tail_render(forced).splitlines()[1].strip() == "\u21b3 session  skipped: nothing to compact"
     )
+
+
+def test_tail_says_the_date_and_zone_once_and_again_when_the_date_changes(
+    tmp_path: Path,
+) -> None:
+    """Lines give the time only (short, aligned); the date and the zone the times are in come
+    on a line of their own before the first one and whenever the date changes."""
+    records = [
+        {"ts": "2026-12-01T10:00:01.000Z", "logger": "recap.access", "status": 200, "tenant": "t"},
+        {"ts": "2026-12-01T10:00:02.000Z", "logger": "recap.access", "status": 200, "tenant": "t"},
+        {"ts": "2026-12-01T16:00:00.000Z", "logger": "recap.access", "status": 200, "tenant": "t"},
+    ]
+    log = tmp_path / "recap.log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", "tail", "--color", "never", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TZ": "JST-9"},  # a fixed offset: no time zone database needed
+        check=True,
+    ).stdout.splitlines()
+    assert out[0] == "-- 2026-12-01, times in UTC+09:00 (JST) --"
+    assert [line[:8] for line in out[1:3]] == ["19:00:01", "19:00:02"]
+    assert out[3] == "-- 2026-12-02, times in UTC+09:00 (JST) --"
+    assert out[4].startswith("01:00:00 200 t") and len(out) == 5
+
+
+def test_a_refused_request_shows_its_path() -> None:
+    # Before: "401 - - total 0.5 ms" (no model was read, so neither model nor path showed).
+    record = {
+        "ts": "2026-12-01T10:00:01.000Z",
+        "logger": "recap.access",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 401,
+        "error": "invalid_api_key",
+        "total_ms": 0.5,
+    }
+    line = tail_render(record)
+    assert "401 - " in line and "POST /v1/chat/completions" in line
+    assert line.endswith("total 0.5 ms \u2014 invalid proxy key")

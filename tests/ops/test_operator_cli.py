@@ -18,14 +18,13 @@ import httpx
 import pytest
 import yaml
 
-from proxy.app import create_app
 from proxy.config import load_config
 from proxy.ops.cli import main
 from proxy.ops.tail import tail
 from proxy.store import open_store
 from proxy.store.base import ConversationRef, NewSummary
 from tests.fakes import FakeUpstream, Reply
-from tests.servers import serve
+from tests.servers import recap_app, serve
 from tests.trajectories import DATA, chained, model_calls, sessions
 
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
@@ -57,7 +56,7 @@ def write_config(tmp_path: Path, upstream_url: str, **extra: Any) -> Path:
 def live(tmp_path: Path, upstream_url: str) -> Iterator[tuple[Path, str]]:
     """A config file and a proxy serving it; two conversations, one compacted."""
     cfg = write_config(tmp_path, upstream_url)
-    with serve(create_app(load_config(cfg))) as base:
+    with serve(recap_app(load_config(cfg))) as base:
         url = base + "/v1"
         convo = chained(sessions()[:2])
         i = list(model_calls(convo))[-1]
@@ -268,7 +267,9 @@ def test_tail_shows_compactions_inline() -> None:
     plain = {"ts": 2, "level": "info", "logger": "recap.access", "tenant": "acme", "status": 200}
     out = io.StringIO()
     tail(io.StringIO(json.dumps(record) + "\n" + json.dumps(plain) + "\n"), out)
-    lines = out.getvalue().splitlines()
+    day, *lines = out.getvalue().splitlines()
+    assert day.startswith("-- 2026-12-01") or day.startswith("-- 2026-11-30")  # the zone's date
+    lines = [line for line in lines if not line.startswith("-- ")]  # 1970's, for `plain`
     assert "acme/trip" in lines[0] and "gpt-4o" in lines[0]
     assert "12,000 \u2192 4,000 tok \u221267%" in lines[0]
     assert "session v3+trim+FAILED" in lines[0]
@@ -278,3 +279,76 @@ def test_tail_shows_compactions_inline() -> None:
         "trim     2 tool results trimmed, 9,000 chars saved",
     ]
     assert lines[4].split()[1:] == ["200", "acme"] and len(lines) == 5
+
+
+def test_store_commands_need_no_secret_of_the_server(
+    live: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator's shell has the store but not the server's upstream and admin keys: the
+    commands that only use the store read what they need and leave the rest unresolved."""
+    cfg, _ = live
+    data = yaml.safe_load(cfg.read_text())
+    for tenant in data["tenants"].values():
+        tenant["upstream"] = {"base_url": "${RECAP_TEST_UP}/v1", "api_key": "${RECAP_TEST_KEY}"}
+    data["admin_keys"] = ["${RECAP_TEST_ADMIN_KEY}"]
+    shell = cfg.parent / "shell.yaml"  # beside the server's: the same store file
+    shell.write_text(yaml.safe_dump(data))
+    assert not {"RECAP_TEST_UP", "RECAP_TEST_KEY", "RECAP_TEST_ADMIN_KEY"} & set(os.environ)
+    for argv in (
+        ["conversations"],
+        ["show", "trip", "--tenant", "a"],
+        ["export", "--conversation", "trip", "--tenant", "a"],
+        ["prune", "--older-than-days", "3650"],
+        ["rollback", "trip", "1", "--tenant", "a"],
+    ):
+        code, _, err = run(capsys, *argv, "--config", str(shell))
+        assert code == 0, (argv, err)
+    # A command that calls the summarizer needs its upstream, and says which variable is unset.
+    code, _, err = run(capsys, "compact", "trip", "--tenant", "a", "--config", str(shell))
+    assert code == 2 and "${RECAP_TEST_KEY} is not set" in err
+    # What a store command reads is still checked.
+    data["store_pool"] = {"max_size": 0}
+    shell.write_text(yaml.safe_dump(data))
+    code, _, err = run(capsys, "conversations", "--config", str(shell))
+    assert code == 2 and "store_pool.max_size" in err
+
+
+def test_rollback_from_the_cli_marks_the_later_versions(
+    live: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`recap rollback` does what POST .../rollback does; `recap show` then marks the
+    versions the rollback discarded, as the JSON detail does (`rolled_back`)."""
+    cfg, url = live
+
+    async def second_version() -> None:  # as a later compaction would have made it
+        async with open_store("sqlite:///./recap.db", str(cfg.parent)) as store:
+            await store.add_summary_version(
+                ConversationRef("a", "trip"), NewSummary("later", 2, "h", 1, 1, "m", "manual")
+            )
+
+    asyncio.run(second_version())
+    code, out, err = run(capsys, "rollback", "trip", "1", "--tenant", "a", "--config", str(cfg))
+    assert code == 0, err
+    assert out.splitlines()[0] == "rolled back a / trip: summary v2 \u2192 v1"
+    detail = httpx.get(
+        f"{url}/recap/conversations/trip", headers={"authorization": "Bearer key-a"}
+    ).json()
+    assert detail["current_version"] == 1
+    assert [(v["version"], v["rolled_back"]) for v in detail["versions"]] == [(1, False), (2, True)]
+    assert detail["summary"]["version"] == 1
+
+    code, out, _ = run(capsys, "show", "trip", "--tenant", "a", "--config", str(cfg))
+    rows = {line[2:4]: line for line in out.splitlines() if line[2:4] in ("v1", "v2")}
+    assert rows["v1"].startswith("* v1") and "rolled back" not in rows["v1"]
+    assert rows["v2"].startswith("  v2") and rows["v2"].endswith("rolled back")
+
+    # To none, then an unknown version: exit 1 with the API's message.
+    code, out, _ = run(capsys, "rollback", "trip", "none", "--tenant", "a", "--config", str(cfg))
+    assert code == 0 and out.splitlines()[0] == "rolled back a / trip: summary v1 \u2192 none"
+    code, out, _ = run(capsys, "show", "trip", "--tenant", "a", "--config", str(cfg))
+    assert "summary       none (rolled back)" in out
+    code, _, err = run(capsys, "rollback", "trip", "9", "--tenant", "a", "--config", str(cfg))
+    assert code == 1 and "No summary version 9" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["rollback", "trip", "soon", "--tenant", "a", "--config", str(cfg)])
+    assert exit_.value.code == 2

@@ -11,6 +11,8 @@ from proxy.planning.budget import (
     transcript_budget,
 )
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize(
     ("chars", "language", "scene", "window", "expected"),

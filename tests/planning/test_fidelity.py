@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from proxy.history.conversation import check_history
 from proxy.planning.fidelity import plan_fidelity
 from proxy.planning.trim import TrimPlan, apply_trim
+
+pytestmark = pytest.mark.quick
 
 
 def history() -> list[dict[str, Any]]:

@@ -8,11 +8,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from proxy.config import LoopCompaction
 from proxy.history.conversation import tool_rounds, turn_starts
 from proxy.history.messages import Classification, Message, classify
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop
 from tests.history.test_conversation import assert_valid, by_task, call, chain, count, tool_loop
+
+pytestmark = pytest.mark.quick
 
 POLICY = LoopCompaction()  # 5 rounds to trigger beyond 5 kept
 

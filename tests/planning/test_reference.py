@@ -10,6 +10,8 @@ import pytest
 
 from proxy.planning.reference import BadReference, Reference, is_recap_reference, issue, verify
 
+pytestmark = pytest.mark.quick
+
 SECRET = b"k" * 32
 REF = Reference("01a231c1-session", 3, "ab" * 32)
 

@@ -335,3 +335,31 @@ def test_render_within_cuts_the_largest_items_first_then_the_whole() -> None:
     many = [{"role": "user", "content": f"q{i} " + "y" * 150} for i in range(400)]
     text = render_within(many, 4000, 1000, count)
     assert count(text) <= 1000 and "q0 " in text and "q399 " in text
+
+
+# The summary's language is the user's, whatever the agent and its tools write (issue
+# 23.26): a Chinese user whose agent answers and fetches in English, and the reverse.
+ZH_USER_EN_AGENT: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are a coding agent. Answer in English."},
+    {"role": "user", "content": "帮我看看为什么测试失败了，不要改数据库。"},
+    {"role": "assistant", "content": "Let me run the test suite and read the failing test first."},
+    {"role": "tool", "tool_call_id": "c1", "content": "FAILED tests/test_db.py::test_migrate"},
+    {"role": "assistant", "content": "The migration test fails because the schema is stale."},
+    {"role": "tool", "tool_call_id": "c2", "content": "ALTER TABLE users ADD COLUMN email"},
+]
+EN_USER_ZH_PAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "你是一个助手。"},
+    {"role": "user", "content": "Summarise this Chinese news site for me in a few lines."},
+    {"role": "tool", "tool_call_id": "c1", "content": "今日新闻：央行宣布降息，股市大涨。"},
+    {"role": "assistant", "content": "页面标题是今日新闻。"},
+    {"role": "tool", "tool_call_id": "c2", "content": "天气预报：明天有雨，气温下降。"},
+]
+
+
+@pytest.mark.parametrize(
+    ("messages", "language"), [(ZH_USER_EN_AGENT, "Chinese"), (EN_USER_ZH_PAGES, "English")]
+)
+def test_the_language_is_the_users_not_the_agents_or_its_tools(
+    messages: list[dict[str, Any]], language: str
+) -> None:
+    assert detect_language(messages) == language

@@ -88,17 +88,28 @@ def assert_nothing_lost(sent: list[dict[str, Any]], forwarded: list[dict[str, An
 def test_fork_of_a_compacted_turn_gets_none_of_the_other_branch(
     loop_proxy: str, fake: FakeUpstream
 ) -> None:
-    drive(loop_proxy, "BRANCH-A", range(12, 13))  # 12 rounds: rounds 0-4 summarised
-    drive(loop_proxy, "BRANCH-A", range(10, 12))
-    assert fake.chat_requests("summarize"), "branch A should have been compacted"
-    # A retry of the same turn that took another path from step 0: 7 rounds, below the
-    # trigger, so nothing of its own is summarised. It must arrive whole.
-    fork = [SYSTEM, ASK] + [m for i in range(7) for m in tool_round(i, "BRANCH-B")]
-    response = send(loop_proxy, fork)
+    # Branch A: five rounds both branches share, then its own. At 10 rounds the shared
+    # ones are summarised; at 15, rounds 0-9 (five of them A's own).
+    shared = [m for i in range(5) for m in tool_round(i, "SHARED")]
+    branch_a = [SYSTEM, ASK, *shared]
+    for i in range(5, 15):
+        branch_a += tool_round(i, "BRANCH-A")
+        if i >= 9:
+            send(loop_proxy, branch_a)
+    made = [r.body.decode() for r in fake.chat_requests("summarize")]
+    assert len(made) == 2, "branch A should have been summarised twice"
+    assert "SHARED output of step 4" in made[0] and "BRANCH-A" not in made[0]
+    assert "BRANCH-A output of step 9" in made[1]
+    # A retry of the turn that took another path after the shared rounds: 12 rounds, over
+    # the trigger, so the stage looks its rounds up. Only the summary of the shared rounds
+    # covers rounds it sent; with it, too few rounds are due for a summary of its own.
+    fork = [SYSTEM, ASK, *shared, *(m for i in range(5, 12) for m in tool_round(i, "BRANCH-B"))]
+    send(loop_proxy, fork)
     forwarded = fake.chat_requests()[-1].json["messages"]
-    assert forwarded == fork
+    assert len(fake.chat_requests("summarize")) == 2  # the stored one was found, and used
+    assert FRAME in forwarded[2]["content"] and "SHARED output of step" in forwarded[2]["content"]
+    assert forwarded[3:] == fork[2 + 2 * 5 :]  # its own rounds, all of them, as sent
     assert "BRANCH-A" not in json.dumps(forwarded)
-    assert response.headers["x-recap-compaction"] == "none"
 
 
 def test_fork_over_the_trigger_summarises_its_own_rounds(
@@ -144,6 +155,7 @@ def test_two_users_on_one_derived_key_share_nothing(loop_proxy: str, fake: FakeU
         assert "USER-A" not in rec.body.decode()
 
 
+@pytest.mark.quick
 def test_the_same_loop_reuses_its_working_summary(loop_proxy: str, fake: FakeUpstream) -> None:
     history = drive(loop_proxy, "A", range(10, 14))
     assert len(fake.chat_requests("summarize")) == 1  # 10 rounds: one call; 11-14 reuse it

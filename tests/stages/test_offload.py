@@ -1,27 +1,38 @@
-"""No request stalls the loop: while a pathological request is processed, others are served.
+"""No request stalls the loop: a large body's CPU work runs in worker threads.
 
-Through real servers: a proxy with two tenants in front of the fake upstream. One client
-sends an 8 MB single-word user message (one BPE piece of 8 million bytes: 13 s of counting on
-5725a87, with the event loop held the whole time). Beside it, one client pings /healthz and
-another tenant sends small chat requests, one after another. Events, not clocks: the test
-records, in one ordered list, when the big body finished uploading, each probe answer, and
-when the fake upstream received the big request; the probes must have been answered in
-between, i.e. while the proxy was processing the big request.
+Two views, both through real servers and neither timed against a fixed bound:
+
+- where the work runs: a profile hook (`threading.setprofile`, which observes calls and
+  changes nothing) records the thread of every call of the four steps the proxy moves
+  off the loop for a large body: parsing it, deriving its conversation key, encoding the
+  rewritten body, making its archive rows. For a small body the hook sees each of them on
+  the loop (so it sees them at all); for a large one, each in a worker thread and none
+  on the loop;
+- what it is for: while one client's 7 MB request is processed, another client pings
+  /healthz and another tenant sends small chat requests. No probe may wait anywhere near
+  as long as the big request's processing: on 5725a87, which held the loop from the
+  body's arrival to its forwarding, a probe sent meanwhile waited for all of it.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import CodeType, FrameType
 from typing import Any
 
 import httpx
 
-from proxy.stages.offload import OFF_LOOP_BYTES
+from proxy.archive.archiver import message_json
+from proxy.dialects.chat import ChatDialect
+from proxy.history.identity import conversation_ref
 from tests.conftest import make_config
 from tests.fakes import FakeUpstream, Reply
+from tests.servers import recap_app, serve
 
 KEY_A, KEY_B = "rk-big-a-1", "rk-small-b-2"
 TURNS = 1500
@@ -57,16 +68,12 @@ def test_health_and_other_tenant_answered_while_big_request_is_processed(
         models={"gpt-4o": {"context_window": 50_000_000}},
     )
     base = proxy_factory(config)
-    events: list[str] = []
-    lock = threading.Lock()
-
-    def note(event: str) -> None:
-        with lock:
-            events.append(event)
+    marks: dict[str, float] = {}
+    probes: dict[str, list[tuple[float, float]]] = {"healthz": [], "tenant b": []}
 
     def answer(body: dict[str, Any]) -> Reply:
         if len(body["messages"]) > 2:
-            note("upstream got big")
+            marks["upstream got big"] = time.perf_counter()
         return Reply(content="ok")
 
     fake.chat = answer
@@ -76,54 +83,160 @@ def test_health_and_other_tenant_answered_while_big_request_is_processed(
     def upload() -> Iterator[bytes]:
         for i in range(0, len(big), 1 << 20):
             yield big[i : i + (1 << 20)]
-        note("big uploaded")
+        marks["big uploaded"] = time.perf_counter()
 
     def send_big() -> None:
         try:
-            with httpx.Client(trust_env=False, timeout=120) as client:
+            with httpx.Client(trust_env=False, timeout=300) as client:
                 r = client.post(
                     f"{base}/chat/completions",
                     content=upload(),
                     headers={"authorization": f"Bearer {KEY_A}"},
                 )
-                note(f"big answered {r.status_code}")
+                assert r.status_code == 200, r.text
         finally:
             done.set()
 
-    def ping() -> None:
-        with httpx.Client(trust_env=False, timeout=120) as client:
+    def probe(name: str, call: Any) -> None:
+        with httpx.Client(trust_env=False, timeout=300) as client:
             while not done.is_set():
-                if client.get(base.removesuffix("/v1") + "/healthz").status_code == 200:
-                    note("healthz")
+                sent = time.perf_counter()
+                assert call(client).status_code == 200
+                probes[name].append((sent, time.perf_counter()))
 
-    def other_tenant() -> None:
+    def healthz(client: httpx.Client) -> httpx.Response:
+        return client.get(base.removesuffix("/v1") + "/healthz")
+
+    def other_tenant(client: httpx.Client) -> httpx.Response:
         body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
-        with httpx.Client(trust_env=False, timeout=120) as client:
-            while not done.is_set():
-                r = client.post(
-                    f"{base}/chat/completions",
-                    json=body,
-                    headers={"authorization": f"Bearer {KEY_B}"},
-                )
-                if r.status_code == 200:
-                    note("tenant b")
+        headers = {"authorization": f"Bearer {KEY_B}"}
+        return client.post(f"{base}/chat/completions", json=body, headers=headers)
 
-    threads = [threading.Thread(target=f) for f in (ping, other_tenant, send_big)]
+    threads = [
+        threading.Thread(target=probe, args=("healthz", healthz)),
+        threading.Thread(target=probe, args=("tenant b", other_tenant)),
+        threading.Thread(target=send_big),
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
-    assert "big answered 200" in events
-    start, end = events.index("big uploaded"), events.index("upstream got big")
-    during = events[start:end]
-    # On 5725a87 the loop was held from the body's arrival to its forwarding: only the
-    # probes already in flight (5 healthz, 3 tenant b in a measured run) finished in
-    # between; now dozens do (64 and 47 on a quiet machine, 18 healthz on a loaded one).
-    # The bounds sit well above the first and well below the second.
-    assert during.count("healthz") >= 10, events[start - 3 : end + 3]
-    assert during.count("tenant b") >= 6, events[start - 3 : end + 3]
+    start, end = marks["big uploaded"], marks["upstream got big"]
+    processing = end - start
+    for name, times in probes.items():
+        # The probes that were waiting on the proxy while it worked on the big request.
+        overlapping = [(a, b) for a, b in times if b > start and a < end]
+        assert overlapping, f"no {name} probe was in flight while the big request was processed"
+        # A ratio in the same run: a probe queued behind the work waits for all of it.
+        longest = max(b - a for a, b in overlapping)
+        assert longest < processing / 2, (name, longest, processing, len(overlapping))
 
 
-def test_big_body_is_over_the_off_loop_threshold() -> None:
-    """The test above exercises the worker-thread path, not only the bounded counting."""
-    assert len(big_history()) > OFF_LOOP_BYTES
+# -- where the work runs ---------------------------------------------------------------
+
+STEPS: dict[CodeType, str] = {
+    ChatDialect.parse.__code__: "parse",
+    conversation_ref.__code__: "key",
+    ChatDialect.render.__code__: "encode",
+    message_json.__code__: "archive rows",
+}
+
+
+class Threads:
+    """Which thread called each step, and how many characters of archive rows each thread
+    made (from message_json's return values). Observes only: a profile function."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, int]] = []
+        self.row_chars: dict[int, int] = {}
+
+    def hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        step = STEPS.get(frame.f_code) if event in ("call", "return") else None
+        if step is None:
+            return
+        ident = threading.get_ident()
+        with self.lock:
+            if event == "call":
+                self.calls.append((step, ident))
+            elif step == "archive rows" and isinstance(arg, str):
+                self.row_chars[ident] = self.row_chars.get(ident, 0) + len(arg)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.calls.clear()
+            self.row_chars.clear()
+
+
+def a_body(results: int, size: int) -> bytes:
+    """No conversation header: the key is derived from the system prompt and the first
+    user message, which is large too. Tool results of `size` characters, the old ones
+    trimmed (the body is rewritten)."""
+    first = " ".join(f"plan{j} step" for j in range(size // 10))
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": first},
+    ]
+    for i in range(results):
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"result {i} " * (size // 9)},
+        ]
+    return json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+
+
+def test_the_heavy_steps_of_a_large_body_run_off_the_loop(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    config = make_config(
+        upstream_url,
+        tmp_path,
+        models={"gpt-4o": {"context_window": 400_000}},
+        tenants={
+            "default": {
+                "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 120},
+                "compaction": {
+                    "session": {"enabled": False},
+                    "loop": {"enabled": False},
+                    "trim": {"trim_trigger_ratio": 0.01, "trim_keep_recent": 1},
+                },
+            }
+        },
+    )
+    app = recap_app(config)
+    seen = Threads()
+    loop_threads: set[int] = set()
+
+    async def observed(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not loop_threads:
+            loop_threads.add(threading.get_ident())
+            sys.setprofile(seen.hook)  # the loop's thread, from its first request on
+        await app(scope, receive, send)
+
+    with serve(observed) as url:
+        # And the threads started from now on: the proxy's worker threads, started when
+        # first needed (not before: a profiled start-up is slow). Not this test's thread.
+        threading.setprofile(seen.hook)
+        try:
+            for size, large in ((3_000, False), (300_000, True)):
+                body = a_body(20, size)
+                seen.clear()
+                r = httpx.post(f"{url}/v1/chat/completions", content=body, timeout=120)
+                assert r.status_code == 200, r.text
+                assert r.headers["x-recap-compaction"] != "none"  # rewritten: encoded
+                (loop,) = loop_threads
+                on_loop = {step for step, ident in seen.calls if ident == loop}
+                off_loop = {step for step, ident in seen.calls if ident != loop}
+                loop_rows = seen.row_chars.get(loop, 0)
+                if not large:
+                    # Small: every step on the loop (the hook sees them where they run).
+                    assert on_loop >= set(STEPS.values()), on_loop
+                    continue
+                assert len(body) > 4_000_000
+                assert on_loop.isdisjoint({"parse", "key", "encode"}), on_loop
+                assert off_loop >= set(STEPS.values()), off_loop
+                # The loop makes the rows of the placeholders only, never the originals'.
+                assert loop_rows < 100_000 < sum(seen.row_chars.values()) - loop_rows
+        finally:
+            threading.setprofile(None)

@@ -12,6 +12,8 @@ from proxy.config import load_config
 from proxy.planning.transcript import render_transcript
 from proxy.stages.scenes import KINDS, Scene, SceneError, SceneSet, load_scene, render
 
+pytestmark = pytest.mark.quick
+
 SCENES_DIR = Path(__file__).resolve().parents[2] / "scenes"
 DATA = Path(__file__).resolve().parents[1] / "data" / "taubench-airline-dev.jsonl"
 
@@ -292,8 +294,8 @@ def test_a_config_scenes_dir_replaces_the_packaged_scenes(tmp_path: Path) -> Non
     scenes = load_scenes(load_config(tmp_path / "c.yaml", env={}))["default"]
     names = (scenes.get("session_compact").name, scenes.get("loop_compact").name)
     assert names == ("terse", "mine")
-    # No scenes_dir (or an empty one from an unset ${VAR}): the packaged scenes.
-    (tmp_path / "d.yaml").write_text("scenes_dir: ${UNSET}\n")
+    # No scenes_dir (or an empty one from an unset ${VAR:-}): the packaged scenes.
+    (tmp_path / "d.yaml").write_text("scenes_dir: ${UNSET:-}\n")
     default = load_scenes(load_config(tmp_path / "d.yaml", env={}))["default"]
     assert default.get("session_compact").name == "session_compact"
 

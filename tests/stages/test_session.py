@@ -337,3 +337,40 @@ def test_chinese_conversation_summary_framed_in_chinese(
     sent = fake.chat_requests()[-1].json["messages"]
     assert is_summary(sent[1])
     assert "对话" in sent[1]["content"] or "摘要" in sent[1]["content"]
+
+
+def test_the_summary_is_in_the_users_language_when_the_agent_writes_english(
+    small_proxy: Callable[..., str], fake: FakeUpstream
+) -> None:
+    """Issue 23.26: three of every four messages are the agent's and its tool's, in
+    English; the user writes Chinese, so the summary (and its frame) is Chinese."""
+    url = small_proxy(recent_turns=2, min_new_messages=4, min_compact_messages=4)
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent."}]
+    for n in range(30):
+        call = {
+            "id": f"call_{n}",
+            "type": "function",
+            "function": {"name": "get_order", "arguments": json.dumps({"id": f"ORD-{1000 + n}"})},
+        }
+        history += [
+            {"role": "user", "content": f"第{n}个问题：请帮我查一下订单 ORD-{1000 + n} 的物流。"},
+            {"role": "assistant", "content": "Let me look the order up.", "tool_calls": [call]},
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{n}",
+                "content": "Order shipped by courier, tracking updated. " * 40,
+            },
+            {"role": "assistant", "content": "The order has shipped and arrives soon. " * 40},
+        ]
+    history.append({"role": "user", "content": "现在请总结一下所有订单。"})
+    r = httpx.post(
+        f"{url}/chat/completions",
+        json={"model": "small", "messages": history},
+        headers={"x-conversation-id": "zh-user-en-agent"},
+        timeout=60,
+    )
+    assert r.headers["x-recap-compaction"] == "session"
+    call_body = fake.chat_requests("summarize")[0].json
+    assert "Write the summary in Chinese" in call_body["messages"][1]["content"]
+    sent = fake.chat_requests()[-1].json["messages"]
+    assert is_summary(sent[1]) and sent[1]["content"].startswith("本对话是之前一段对话的延续")

@@ -18,7 +18,6 @@ import httpx
 import pytest
 import yaml
 
-from proxy.app import create_app
 from proxy.config import parse_config
 from tests.faults import (
     MODEL,
@@ -29,7 +28,7 @@ from tests.faults import (
     post,
     summaries_in,
 )
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 # The packaged default scenes (a tenant's scenes_dir replaces them).
 SCENES = Path(__file__).resolve().parents[2] / "scenes"
@@ -61,7 +60,7 @@ def test_tenant_scene_override_and_sampling_reach_the_summarizer(
         },
     )
     config = parse_config(data, env={}, base_dir=str(tmp_path))
-    with serve(create_app(config)) as proxy:
+    with serve(recap_app(config)) as proxy:
         messages = history()
         for key in ("key-a", "key-b"):
             r = post(proxy + "/v1", messages, "scenes", headers={"authorization": f"Bearer {key}"})

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.store.base import ConversationRef
 from proxy.store.cache import SummaryCache
+
+pytestmark = pytest.mark.quick
 
 
 def test_entries_expire_and_ended_conversations_do_not_accumulate() -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiosqlite
+import pytest
 
 from proxy.store import ConversationRef, LoopSummary, Store, open_store
 from proxy.store.migrations import migrate_sqlite
 from tests.store.conftest import FakeClock
+
+pytestmark = pytest.mark.quick
 
 CONV = ConversationRef("acme", "conv-1")
 

@@ -23,6 +23,8 @@ from proxy.store.migrations import migrate_postgres, migrate_sqlite
 from proxy.store.rekey import rekey
 from tests.pg import fresh_schema, postgres_url
 
+pytestmark = pytest.mark.quick
+
 _OLD_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aiosqlite
 import asyncpg
+import pytest
 
 from proxy.store.migrations import migrate_postgres, migrate_sqlite
 from proxy.store.schema import (
@@ -23,6 +24,8 @@ from proxy.store.schema import (
 )
 from proxy.store.transfer import TABLES
 from tests.pg import fresh_schema, postgres_url
+
+pytestmark = pytest.mark.quick
 
 Schema = dict[str, list[tuple[str, bool]]]  # table -> (column, NOT NULL) in order
 

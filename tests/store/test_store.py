@@ -719,6 +719,7 @@ CRASH_WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.timeout(600)  # subprocess starts: seconds of CPU each
 async def test_sigkill_never_leaves_half_written_state(
     store_url: str, tmp_path: Path, store_factory: Callable[[], Store]
 ) -> None:

@@ -29,7 +29,6 @@ import httpx
 import pytest
 import yaml
 
-from proxy.app import create_app
 from proxy.archive.archiver import Archiver
 from proxy.config import parse_config
 from proxy.history.conversation import check_history
@@ -51,7 +50,7 @@ from tests.faults import (
     summaries_in,
     wait_until,
 )
-from tests.servers import free_port, serve
+from tests.servers import free_port, recap_app, serve
 
 RETRY_S = 1.0  # SqliteStore's default retry interval
 
@@ -118,7 +117,7 @@ def probe(
 ) -> Iterator[Probe]:
     fake, url = upstream
     fake.answer = lambda body: Answer()
-    with serve(create_app(compacting_config(url, tmp_path))) as proxy:
+    with serve(recap_app(compacting_config(url, tmp_path))) as proxy:
         p = Probe(proxy + "/v1", fake, logs)
         assert p.ready().status_code == 200
         p.compacts()
@@ -360,7 +359,7 @@ def test_garbage_file_at_start_up_then_replaced(
     fake, url = upstream
     path = tmp_path / "recap.db"
     path.write_bytes(b"not a database at all " * 500)
-    with serve(create_app(compacting_config(url, tmp_path))) as proxy:
+    with serve(recap_app(compacting_config(url, tmp_path))) as proxy:
         probe = Probe(proxy + "/v1", fake, logs)
         probe.not_ready("not a database")
         probe.through_uncompacted()
@@ -376,7 +375,7 @@ def test_damaged_pages_keep_the_store_down_until_repaired(
     fake, url = upstream
     path = tmp_path / "recap.db"
     config = compacting_config(url, tmp_path)
-    with serve(create_app(config)) as proxy:
+    with serve(recap_app(config)) as proxy:
         Probe(proxy + "/v1", fake, logs).compacts()
     backup = _backup(path)
     with contextlib.closing(sqlite3.connect(path)) as db:
@@ -388,7 +387,7 @@ def test_damaged_pages_keep_the_store_down_until_repaired(
     with path.open("r+b") as f:
         f.seek((page - 1) * size)
         f.write(os.urandom(size))
-    with serve(create_app(config)) as proxy:
+    with serve(recap_app(config)) as proxy:
         probe = Probe(proxy + "/v1", fake, logs, first=100)
         probe.through_uncompacted()  # looking for its summary reads the damaged page
         probe.not_ready("malformed", "corrupt")
@@ -430,7 +429,7 @@ def tmpfs_probe(
 ) -> Iterator[Probe]:
     fake, url = upstream
     config = compacting_config(url, tmpfs.parent, store=f"sqlite:///{tmpfs / 'recap.db'}")
-    with serve(create_app(config)) as proxy:
+    with serve(recap_app(config)) as proxy:
         p = Probe(proxy + "/v1", fake, logs)
         assert p.ready().status_code == 200
         p.compacts()
@@ -529,7 +528,9 @@ class Proxy:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 20
+        # Until it answers or dies; the deadline is only a hang guard (a start takes
+        # seconds of CPU: on a loaded machine, tens of seconds).
+        deadline = time.monotonic() + 90
         while True:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
@@ -544,6 +545,18 @@ class Proxy:
         self.timers.append(timer)
         timer.start()
 
+    def kill_when(self, event: Callable[[], bool]) -> None:
+        """SIGKILL as soon as `event()` holds (checked from a thread, every 10 ms)."""
+
+        def watch() -> None:
+            while self.proc.poll() is None:
+                if event():
+                    self.proc.send_signal(signal.SIGKILL)
+                    return
+                time.sleep(0.01)
+
+        threading.Thread(target=watch, daemon=True).start()
+
     def kill(self) -> None:
         for timer in self.timers:
             timer.cancel()
@@ -551,6 +564,13 @@ class Proxy:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
         self.log.close()
+
+
+def _versions(path: Path, key: str) -> int:
+    """Summary versions committed for `key` (read-only: never in the proxy's way)."""
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        (n,) = db.execute("SELECT COUNT(*) FROM summary_versions WHERE key = ?", (key,)).fetchone()
+        return int(n)
 
 
 def _verify_store(
@@ -588,6 +608,9 @@ def _verify_store(
     return count
 
 
+# Eight processes started one after another: the 120 s hang guard is too short when the
+# machine is loaded (each start is seconds of CPU).
+@pytest.mark.timeout(600)
 def test_sigkill_mid_compaction_leaves_no_half_made_summary(
     upstream: tuple[SummarizerFake, str], tmp_path: Path
 ) -> None:
@@ -605,9 +628,11 @@ def test_sigkill_mid_compaction_leaves_no_half_made_summary(
         made.add(text)
         return f"<summary>\n{text}\n</summary>"
 
-    # Where the kill lands: during the 2nd summarizer call of the compaction, or this long
-    # after its answer went out (while the proxy reads it, stores it, or starts the next).
-    moments: list[float | None] = [None, 0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.07, 0.1, 0.3]
+    # Where the kill lands: during the 2nd summarizer call of the compaction, this long
+    # after its answer went out (while the proxy reads it, stores it, or starts the next),
+    # or once the 2nd version is on disk (the event, so that a kill after storing it is
+    # always among them, however slow the machine).
+    moments: list[float | str | None] = [None, 0.0, 0.01, 0.02, 0.05, 0.1, "stored"]
     stored: list[int] = []
     try:
         for i, moment in enumerate(moments):
@@ -625,11 +650,14 @@ def test_sigkill_mid_compaction_leaves_no_half_made_summary(
                     if moment is None:
                         victim.kill_soon(0.1)
                         return Answer(delay_s=30)
-                    victim.kill_soon(moment)
+                    if isinstance(moment, float):
+                        victim.kill_soon(moment)
                 return Answer(content=summary(n))
 
             fake.answer = answer
             key = f"killed-{i}"
+            if moment == "stored":
+                victim.kill_when(lambda key=key: _versions(tmp_path / "recap.db", key) >= 2)
             conversations[key] = history(seed=100 + i)
             with contextlib.suppress(httpx.HTTPError):
                 httpx.post(

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 
-from proxy.app import create_app
 from proxy.history.conversation import check_history
 from proxy.history.tokens import TokenCounter
 from tests.conftest import LogCapture
@@ -31,7 +30,7 @@ from tests.faults import (
     summaries_in,
     wait_until,
 )
-from tests.servers import free_port, serve
+from tests.servers import free_port, recap_app, serve
 
 # Long on purpose: only the fake clock ends it, never the wall clock.
 COOLDOWN_S = 3600.0
@@ -175,7 +174,7 @@ def test_circuit_breaker_stops_calls_during_the_cooldown(
         url, tmp_path, session={"failure_threshold": 2, "cooldown_s": COOLDOWN_S}
     )
     messages = history()
-    with serve(create_app(config, clock=clock)) as root:
+    with serve(recap_app(config, clock=clock)) as root:
         proxy = root + "/v1"
 
         def turn(key: str = "breaker") -> httpx.Response:
@@ -222,6 +221,11 @@ def test_summarizer_concurrency_is_bounded_per_tenant(
     """A compaction storm: 2 tenants x 6 conversations compacting at once, max 2 per tenant."""
     fake, url = upstream
     fake.answer = lambda body: Answer(content=SUMMARY, delay_s=0.3)
+    # Both tenants' two slots full at once is the event this test needs; on a loaded
+    # machine the first calls could end before the other tenant's arrive, so the fake
+    # holds the calls until four are in flight (a proxy bounding the total lower, or
+    # per tenant higher, still fails below).
+    fake.hold_until_total = 4
 
     def tenant(name: str) -> dict[str, Any]:
         return {

@@ -32,7 +32,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.app import create_app
 from proxy.config import LoopCompaction, SessionCompaction, TrimCompaction, parse_config
 from proxy.errors import BadRequest
 from proxy.history.conversation import check_history, turn_starts
@@ -54,7 +53,7 @@ from proxy.planning.transcript import detect_language, render_transcript
 from proxy.planning.trim import apply_trim, fit_to_window, plan_trim
 from proxy.store.base import ConversationRef
 from tests.conftest import LogCapture
-from tests.servers import read_body, serve
+from tests.servers import read_body, recap_app, serve
 
 # -- what clients send --------------------------------------------------------------------
 
@@ -69,11 +68,15 @@ ODD_TEXT = [
     "\x00\x1f",
     "🙂" * 3,
 ]
-texts = st.one_of(
-    st.sampled_from(ODD_TEXT),
-    st.text(max_size=60),
-    st.text(alphabet="abc xyz.\n", min_size=200, max_size=2500),  # large enough to trim
+# Large enough to trim (200-2500 characters): a few drawn pieces, repeated. Drawing
+# thousands of characters one by one was a good part of this file's time, and what the
+# large texts are for is their size and their words, not the order of every character.
+large_texts = st.builds(
+    lambda pieces, times: ("".join(pieces) * times)[:2500],
+    st.lists(st.text(alphabet="abc xyz.\n", min_size=20, max_size=60), min_size=1, max_size=4),
+    st.integers(10, 100),
 )
+texts = st.one_of(st.sampled_from(ODD_TEXT), st.text(max_size=60), large_texts)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), texts)
 json_values = st.recursive(
     scalars,
@@ -244,7 +247,9 @@ CONFIG = parse_config({"tenants": {"t": {}}}, env={})
 TENANT = CONFIG.tenants["t"]
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+# A hang guard for thousands of examples, not one: a loaded machine takes minutes.
+@pytest.mark.timeout(600)
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     messages=conversations(),
     headers=st.dictionaries(
@@ -418,7 +423,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Upstream
                 env={},
                 base_dir=str(tmp),
             )
-            with serve(create_app(config)) as proxy:
+            with serve(recap_app(config)) as proxy:
                 yield upstream, proxy, logs
     finally:
         root.removeHandler(logs.handler)
@@ -514,7 +519,8 @@ def _same_or_made(sent: list[Any], forwarded: list[Any]) -> None:
         i += 1
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.timeout(600)
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(request=requests())
 def test_requests_never_fail_on_the_proxy(
     servers: tuple[Upstream, str, LogCapture], request: tuple[bytes, list[tuple[bytes, bytes]]]

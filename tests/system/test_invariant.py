@@ -25,16 +25,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.app import create_app
 from proxy.config import Config, parse_config
 from proxy.history.identity import conversation_ref
 from tests.fakes import FakeUpstream, Reply, extractive_summary
 from tests.invariant import BEHAVIOURS, assert_nothing_lost, client_requests, sliding
-from tests.servers import serve
+from tests.servers import recap_app, serve
 from tests.trajectories import DATA, model_calls, sessions
 
 WINDOW = 3000
-EXAMPLES = int(os.environ.get("RECAP_INVARIANT_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("RECAP_INVARIANT_EXAMPLES", "30"))
 COMPACTION = {
     "session": {
         "min_new_tokens": 300,
@@ -101,7 +100,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
             env={},
             base_dir=str(tmp),
         )
-        with serve(create_app(config)) as url, httpx.Client(timeout=30) as client:
+        with serve(recap_app(config)) as url, httpx.Client(timeout=30) as client:
             yield Proxy(url, config, tmp / "recap.db", fake, client)
 
 
@@ -110,6 +109,7 @@ counter = itertools.count()
 
 # Each example is a whole client session (tens of requests through real servers, ~1 s);
 # RECAP_INVARIANT_EXAMPLES raises the count for a long run.
+@pytest.mark.timeout(600)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     seed=st.integers(0, 2**32),
@@ -132,6 +132,7 @@ def chain_of_sessions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(not DATA.exists(), reason=f"trajectory data not found at {DATA}")
 def test_nothing_is_lost_on_taubench(proxy: Proxy) -> None:
     rows = sessions()

@@ -98,7 +98,7 @@ def replicas(config: Path, tmp_path: Path, n: int) -> Iterator[list[Replica]]:
                     stderr=subprocess.STDOUT,
                 )
             started.append(Replica(f"http://127.0.0.1:{port}", proc, log))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a hang guard: starts are slow on a loaded machine
         for r in started:
             while True:
                 assert r.alive(), r.log.read_text(errors="replace")
@@ -170,6 +170,7 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.timeout(600)  # subprocess starts: seconds of CPU each
 def test_two_replicas_share_compactions_and_survive_a_kill(
     pg_url: str, fake: FakeUpstream, upstream_url: str, tmp_path: Path
 ) -> None:
@@ -260,8 +261,10 @@ def test_two_replicas_share_compactions_and_survive_a_kill(
 
 def test_the_deployment_example_is_a_valid_config() -> None:
     deploy = REPO / "docs" / "deploy"
-    config = load_config(deploy / "recap.yaml", env={"RECAP_DB_PASSWORD": "pw"})
+    env = {"RECAP_DB_PASSWORD": "pw", "RECAP_ADMIN_KEY": "an-admin-key"}
+    config = load_config(deploy / "recap.yaml", env=env)
     assert config.store == "postgresql://recap:pw@postgres:5432/recap"
+    assert config.admin_keys == ("an-admin-key",)  # one key for every replica's page
     assert config.store_pool.max_size >= 1 and config.listen.host == "0.0.0.0"
     compose = yaml.safe_load((deploy / "docker-compose.yml").read_text(encoding="utf-8"))
     services = compose["services"]

@@ -20,7 +20,6 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from proxy.app import create_app
 from tests.conftest import LogCapture
 from tests.fakes import Reply
 from tests.faults import (
@@ -31,7 +30,7 @@ from tests.faults import (
     post,
     summaries_in,
 )
-from tests.servers import serve
+from tests.servers import recap_app, serve
 
 KEYS = {
     "proxy_a": "rk-alpha-7Q2c9Xw",
@@ -86,7 +85,7 @@ def world(tmp_path: Path) -> Iterator[tuple[SummarizerFake, str, LogCapture]]:
                 },
                 admin_keys=[KEYS["admin"]],
             )
-            with serve(create_app(config)) as proxy:
+            with serve(recap_app(config)) as proxy:
                 yield fake, proxy + "/v1", logs
     finally:
         root.removeHandler(logs.handler)

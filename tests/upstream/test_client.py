@@ -16,6 +16,8 @@ from proxy.upstream.client import SLICE_BYTES, RequestBody
 from tests.servers import read_body, serve
 from tests.slow import EndlessStreams, connect, stream_request
 
+pytestmark = pytest.mark.quick
+
 
 async def _echo(scope: Any, receive: Any, send: Any) -> None:
     """Answers with what it was sent: the body's sha256 and length, and its framing."""

@@ -7,6 +7,8 @@ import pytest
 from proxy.config import parse_config
 from proxy.web.auth import Forbidden, Sessions, check_same_origin, presented
 
+pytestmark = pytest.mark.quick
+
 CONFIG = {"admin_keys": ["admin-1"], "tenants": {"a": {"api_keys": ["key-a"]}, "b": {}}}
 
 

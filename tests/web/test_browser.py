@@ -1,13 +1,15 @@
 """The web page in a real browser: headless Chromium (Debian's package) driven by Selenium.
 
-Login, the list, a conversation, compact now, a rollback, and that untrusted text
-stays text. Selenium is given the distribution's chromedriver and chromium
-explicitly, so Selenium Manager never downloads a browser. Where they are missing
-the test skips, except under CI (`CI=true`), where `.ci/run` installs them and a
-missing browser is a failure.
+An operator's first hour: `recap serve` on a config with no admin key, the key read from
+the file its start-up line names, the list, a conversation, compact now, a rollback and
+its mark on the discarded version, and that untrusted text stays text. Selenium is given
+the distribution's chromedriver and chromium explicitly, so Selenium Manager never
+downloads a browser. Where they are missing the test skips, except under CI (`CI=true`),
+where `.ci/run` installs them and a missing browser is a failure.
 
-Set RECAP_WEB_SCREENSHOT=path to keep the conversation page's screenshot there
-(docs/web-page.png is made that way).
+Set RECAP_WEB_SCREENSHOT=path to keep the conversation page's screenshot there, and its
+versions table after the rollback beside it as <name>-versions.png (docs/web-page.png and
+docs/web-page-versions.png are made that way).
 """
 
 from __future__ import annotations
@@ -96,23 +98,28 @@ def no_alert(driver: WebDriver) -> bool:
 
 
 def test_login_list_conversation_compact_rollback(
-    site: Site, browser: WebDriver, tmp_path: Path
+    first_start_site: Site, browser: WebDriver, tmp_path: Path
 ) -> None:
+    """As an operator's first hour: `recap serve` with no admin_keys, the key read from the
+    file its start-up line named, then the list, a conversation, compact, roll back."""
+    site = first_start_site
     browser.get(site.url + "/recap/")
     assert browser.current_url.endswith("/recap/login")  # no session: to the form
+    assert "start-up line" in browser.find_element(By.CSS_SELECTOR, "form.login").text
 
     log_in(browser, "not-a-key")
     assert "not an operator key" in browser.find_element(By.CSS_SELECTOR, ".error").text
     assert browser.get_cookie("recap_session") is None
 
-    log_in(browser, KEYS["a"])
+    assert site.key_file is not None
+    key = site.key_file.read_text().strip()  # what `cat data/recap.db-admin-key` shows
+    log_in(browser, key)
     assert browser.current_url.endswith("/recap/")
     cookie = browser.get_cookie("recap_session")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-    assert KEYS["a"] not in cookie["value"]
-    listed = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "td.key a")]
-    assert listed == [CONV_A]  # tenant a's key: not tenant b's conversation
-    assert CONV_B not in browser.page_source
+    assert key not in cookie["value"]
+    listed = sorted(a.text for a in browser.find_elements(By.CSS_SELECTOR, "td.key a"))
+    assert listed == sorted([CONV_A, CONV_B])  # an admin key: every tenant
 
     follow(browser, browser.find_element(By.LINK_TEXT, CONV_A))
     assert browser.find_element(By.TAG_NAME, "h1").text == CONV_A
@@ -136,9 +143,22 @@ def test_login_list_conversation_compact_rollback(
     Select(browser.find_element(By.ID, "version")).select_by_value("1")
     follow(browser, browser.find_element(By.ID, "rollback"))
     assert "Rolled back" in browser.find_element(By.ID, "notice").text
-    assert "v1 (current)" in browser.find_element(By.ID, "versions").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#versions tr")
+    assert "v1 (current)" in rows[1].text
+    assert "v2 (rolled back)" in rows[2].text and "rolled-back" in rows[2].get_attribute("class")
+    choices = {
+        o.get_attribute("value"): o.text
+        for o in Select(browser.find_element(By.ID, "version")).options
+    }
+    assert "rolled back" in choices["2"] and "rolled back" not in choices["1"]
     assert "rollback" in browser.find_element(By.ID, "timeline").text
-    assert site.detail("a", CONV_A)["current_version"] == 1
+    detail = site.detail("a", CONV_A)
+    assert detail["current_version"] == 1
+    assert [v["rolled_back"] for v in detail["versions"]] == [False, True]  # as the JSON says
+    shot = Path(os.environ.get("RECAP_WEB_SCREENSHOT") or tmp_path / "web-page.png")
+    table = shot.with_name(shot.stem + "-versions.png")  # docs/web-page-versions.png
+    assert browser.find_element(By.ID, "versions").screenshot(str(table))
+    assert table.read_bytes().startswith(PNG)
 
     # The first request, chosen from the chart: it went upstream compacted too.
     follow(browser, browser.find_elements(By.CSS_SELECTOR, "svg.chart a")[0])
@@ -148,10 +168,13 @@ def test_login_list_conversation_compact_rollback(
     browser.get(f"{site.url}/recap/conversation?tenant=a&key={quote(CONV_A)}&from=1&to=2")
     assert browser.find_elements(By.CSS_SELECTOR, "pre.diff .add")
     browser.execute_script("window.scrollTo(0, 0)")
-    shot = Path(os.environ.get("RECAP_WEB_SCREENSHOT") or tmp_path / "web-page.png")
     assert browser.save_screenshot(str(shot))
     assert shot.read_bytes().startswith(PNG)
 
-    # Another tenant's conversation is not found, even by its exact URL.
+    # A tenant's proxy key sees its own tenant only, even given another's exact URL.
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))  # Log out
+    log_in(browser, KEYS["a"])
+    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, "td.key a")] == [CONV_A]
+    assert CONV_B not in browser.page_source
     browser.get(f"{site.url}/recap/conversation?tenant=b&key={CONV_B}")
     assert "Error 404" in browser.find_element(By.TAG_NAME, "h1").text

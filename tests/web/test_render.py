@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.web.chart import _ticks, tokens_chart
 from proxy.web.diff import summary_diff
 from proxy.web.markup import Html, esc, render
 from proxy.web.messages import message_card
 from proxy.web.timeline import RequestPoint
+
+pytestmark = pytest.mark.quick
 
 
 def point(i: int, client: int | None, sent: int | None) -> RequestPoint:

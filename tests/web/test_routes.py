@@ -14,9 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import create_app
 from proxy.config import parse_config
-from tests.servers import serve
+from tests.servers import recap_app, serve
 from tests.web.conftest import ADMIN, CONV_A, CONV_B, KEYS, SCRIPT, Site, bearer
 
 CSRF = re.compile(r'name="csrf" value="([^"]*)"')
@@ -278,7 +277,7 @@ def test_the_open_tenant_needs_no_login_only_with_inspection_open(
         env={},
         base_dir=str(tmp_path),
     )
-    with serve(create_app(config)) as url:
+    with serve(recap_app(config)) as url:
         r = httpx.get(url + "/recap/")
         if inspection_open:
             assert r.status_code == 200 and "tenant open (open)" in r.text
@@ -287,3 +286,51 @@ def test_the_open_tenant_needs_no_login_only_with_inspection_open(
             assert r.status_code == 303 and r.headers["location"] == "/recap/login"
         # Logging in with no key is never a session, open tenant or not.
         assert httpx.post(url + "/recap/login", data={"key": ""}).status_code == 401
+
+
+def test_rolled_back_versions_are_marked_in_the_table_and_the_roll_back_list(site: Site) -> None:
+    key = bearer(KEYS["a"])
+    form = {"tenant": "a", "key": CONV_A}
+    assert httpx.post(site.url + "/recap/compact", data=form, headers=key).status_code == 303
+    r = httpx.post(site.url + "/recap/rollback", data={**form, "version": "1"}, headers=key)
+    assert r.status_code == 303
+    assert [v["rolled_back"] for v in site.detail("a", CONV_A)["versions"]] == [False, True]
+    text = httpx.get(
+        site.url + "/recap/conversation", params={"tenant": "a", "key": CONV_A}, headers=key
+    ).text
+    table = text[text.index('<table id="versions">') :]
+    table = table[: table.index("</table>")]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table)[1:]
+    assert "v1 (current)" in rows[0] and "rolled back" not in rows[0]
+    assert "v2 (rolled back)" in rows[1]
+    assert '<tr class="rolled-back">' in table
+    chooser = text[text.index('<select id="version"') :]
+    chooser = chooser[: chooser.index("</select>")]
+    options = re.findall(r'<option value="(\d*)"[^>]*>([^<]*)</option>', chooser)
+    listed = {value: label for value, label in options if value in ("1", "2")}
+    assert "rolled back" not in listed["1"] and "(current)" in listed["1"]
+    assert "rolled back" in listed["2"]
+
+
+def test_the_login_page_says_which_keys_open_it(shared_site: Site) -> None:
+    text = html.unescape(httpx.get(shared_site.url + "/recap/login").text)
+    assert "admin_keys" in text
+    assert "start-up line" in text  # where a first start names the key file it wrote
+
+
+def test_a_wrong_operator_key_is_called_that_not_a_proxy_key(shared_site: Site) -> None:
+    # Before: "Invalid proxy API key.", the chat route's words, for a mistyped admin key.
+    wrong = bearer("admin-key-typo")
+    r = httpx.get(shared_site.url + "/v1/recap/conversations", headers=wrong)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    message = r.json()["error"]["message"]
+    assert "proxy API key" not in message and "admin key" in message
+    r = httpx.get(shared_site.url + "/recap/", headers=wrong)
+    assert r.status_code == 401 and "proxy API key" not in html.unescape(r.text)
+    # The chat route keeps its own words.
+    r = httpx.post(
+        shared_site.url + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers=wrong,
+    )
+    assert r.status_code == 401 and r.json()["error"]["message"] == "Invalid proxy API key."

@@ -45,6 +45,7 @@ def test_same_text_as_json_dumps(
     assert longjson.dumps(value, **options) == json.dumps(value, **options)
 
 
+@pytest.mark.quick
 def test_fingerprint_of_a_huge_message_is_the_plain_sha256() -> None:
     import hashlib
 
@@ -90,12 +91,14 @@ def test_loads_gives_what_json_loads_gives(
     assert json.dumps(got) == json.dumps(expected)
 
 
+@pytest.mark.quick
 def test_loads_passes_the_number_hooks_on(tiny_reads: None) -> None:
     raw = b'{"t": 0.30, "n": 7, "s": "' + b"x" * 20 + b'"}'
     got = longjson.loads(raw, parse_float=lambda t: ("float", t), parse_int=lambda t: ("int", t))
     assert got == {"t": ("float", "0.30"), "n": ("int", "7"), "s": "x" * 20}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "raw",
     [
@@ -113,6 +116,7 @@ def test_loads_rejects_what_json_loads_rejects(tiny_reads: None, raw: bytes) -> 
         longjson.loads(raw)
 
 
+@pytest.mark.quick
 def test_a_huge_literal_is_decoded_in_slices() -> None:
     # The real limits: a 3 MB literal of escaped pairs and multi-byte text comes back whole.
     text = ('😀中\n"a' * (3 * longjson.LONG_BYTES // 12))[: 3 * longjson.LONG_BYTES // 4]
@@ -122,6 +126,7 @@ def test_a_huge_literal_is_decoded_in_slices() -> None:
         assert longjson.loads(raw) == {"messages": [{"content": text}]}
 
 
+@pytest.mark.quick
 def test_parsed_from_gives_the_same_text_with_or_without_the_walk() -> None:
     value = {"b": ["x" * 100, {"c": 1.5, "d": None}], "a": "\u4e2d\u6587"}
     expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
