@@ -27,6 +27,7 @@ from proxy.config import Config
 from proxy.edge.boundary import EXCEPTION_HANDLERS, Rendered
 from proxy.edge.front import Edge
 from proxy.edge.metrics import CONTENT_TYPE_LATEST, Metrics
+from proxy.edge.paths import canonicalise
 from proxy.edge.serving import AcceptErrors
 from proxy.errors import NotFound
 from proxy.history.fingerprints import FingerprintCache
@@ -66,10 +67,14 @@ def load_scenes(config: Config) -> dict[str, SceneSet]:
 
 
 def upstream_pool(config: Config) -> UpstreamPool:
-    """One client per distinct upstream: every tenant's, and every separate summarizer's."""
+    """A pool per tenant and upstream: every tenant's, and every separate summarizer's."""
     return UpstreamPool(
-        [t.upstream for t in config.tenants.values()]
-        + [t.summarizer.upstream for t in config.tenants.values() if t.summarizer.upstream]
+        [(t.name, t.upstream) for t in config.tenants.values()]
+        + [
+            (t.name, t.summarizer.upstream)
+            for t in config.tenants.values()
+            if t.summarizer.upstream
+        ]
     )
 
 
@@ -239,6 +244,9 @@ class RecapApp(Starlette):
         self._direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            # Routed and forwarded as the upstream would read it (proxy/edge/paths.py).
+            canonicalise(scope)  # type: ignore[arg-type]  # an ASGI scope
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self._direct.get(scope["path"])
             if handler is not None:

@@ -35,6 +35,13 @@ class Listen:
     # A connection must send a request's complete headers within this long of opening
     # (or of its keep-alive idle time after a response), else it is closed.
     header_timeout_s: float = 15.0
+    # A request's body must arrive within this long of its headers, plus a second for every
+    # `body_min_rate` bytes received (a large body at a fair rate is never cut), else 408.
+    body_timeout_s: float = 20.0
+    body_min_rate: float = 4096.0
+    # A client that takes none of a response's bytes for this long is cut (and the
+    # upstream stream it holds is closed).
+    send_timeout_s: float = 60.0
     # Open client connections at most; 0: half the process's file-descriptor limit.
     max_connections: int = 0
     # A streamed response waiting for a summarizer call sends an SSE comment this often,
@@ -262,6 +269,9 @@ _RATIO = Bound(0, 1, above=True)
 BOUNDS: Mapping[tuple[type, str], Bound] = {
     (Listen, "port"): Bound(0, 65535),
     (Listen, "header_timeout_s"): _POSITIVE,
+    (Listen, "body_timeout_s"): _POSITIVE,
+    (Listen, "body_min_rate"): _POSITIVE,
+    (Listen, "send_timeout_s"): _POSITIVE,
     (Listen, "sse_keepalive_s"): _POSITIVE,
     (Upstream, "timeout_s"): _POSITIVE,
     (Upstream, "connect_timeout_s"): _POSITIVE,

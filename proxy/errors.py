@@ -49,6 +49,14 @@ class BadRequest(RecapError):
     code = "invalid_request"
 
 
+class RequestTimeout(RecapError):
+    """The request's body came too slowly (proxy/edge/serving.py's body deadline)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class Unauthorized(RecapError):
     status = 401
     type = "invalid_request_error"

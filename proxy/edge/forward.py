@@ -86,7 +86,14 @@ async def recover(
     committed: Awaitable[bool] | None,
 ) -> tuple[Sent, Exchange, Awaitable[bool] | None]:
     """The retry's response if the upstream overflowed, else this error (re-readable)."""
-    body, rest = await read_error(response)
+    try:
+        # Inside the boundary: a reset while the error answer is read is the upstream's
+        # failure (a 502), like one anywhere else in its answer.
+        with mapped_errors(tenant.upstream):
+            body, rest = await read_error(response)
+    except RecapError:
+        await response.aclose()
+        raise
     overflow = None
     if rest is None and exchange.control != "off":
         overflow = detect(response.status_code, body, response.headers.get("content-encoding", ""))
@@ -149,7 +156,7 @@ async def _send(
     `on_sent` runs as soon as the whole body is written (`RequestBody`), while the
     upstream works on it."""
     upstream = tenant.upstream
-    client = call.state.upstreams.client(upstream)
+    client = call.state.upstreams.client(tenant.name, upstream)
     content = RequestBody(payload, on_sent)
     request = client.build_request(
         "POST",

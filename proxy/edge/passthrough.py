@@ -55,7 +55,7 @@ class Passthrough(Route):
         has_body = declared is not None or "transfer-encoding" in headers
         body_done = asyncio.Event()
         upstream = tenant.upstream
-        client = state.upstreams.client(upstream)
+        client = state.upstreams.client(tenant.name, upstream)
         out_headers = request_headers(
             scope["headers"],
             upstream,

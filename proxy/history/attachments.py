@@ -20,15 +20,18 @@ plus `AUDIO_BASE` for the part's framing.
 
 Files (`file`): a PDF costs `PDF_TOKENS_PER_PAGE` (1,300: the page's image at high detail,
 765, and its extracted text, about 500) per page, pages counted from its `/Type /Page`
-objects; any other inline file (text, CSV, JSON) one token per `FILE_BYTES_PER_TOKEN` (4)
-decoded bytes; a file named only by `file_id` (its size is not in the request)
-`FILE_ID_TOKENS` (1,000).
+objects; any other inline file that is text (its first bytes are UTF-8 with no NUL: text,
+CSV, JSON, code) one token per `FILE_BYTES_PER_TOKEN` (4) decoded bytes; one that is not
+(an archive, an image sent as a file, random bytes, a "PDF" with no page: no text a model
+reads, which a provider refuses or extracts nothing from) `FILE_BINARY_TOKENS`, and a file
+named only by `file_id` (its size is not in the request) `FILE_ID_TOKENS`, both 1,000.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import math
 import re
 import struct
@@ -45,6 +48,7 @@ AUDIO_BASE = 3
 PDF_TOKENS_PER_PAGE = 1300
 FILE_BYTES_PER_TOKEN = 4
 FILE_ID_TOKENS = 1000
+FILE_BINARY_TOKENS = FILE_ID_TOKENS
 
 KINDS = frozenset({"image_url", "input_audio", "file"})
 # How much of an inline image is decoded to find its size: a JPEG's frame header may come
@@ -203,11 +207,25 @@ def file_tokens(spec: Any) -> int:
     is_pdf = data.startswith("data:application/pdf") or (
         isinstance(filename, str) and filename.lower().endswith(".pdf")
     )
-    if is_pdf or _decode_head(data).startswith(b"%PDF"):
+    head = _decode_head(data)
+    if is_pdf or head.startswith(b"%PDF"):
         pages = _pdf_pages(payload)
         if pages:
             return PDF_TOKENS_PER_PAGE * pages
+    if not _is_text(head):
+        return FILE_BINARY_TOKENS
     return max(1, math.ceil(_decoded_size(data) / FILE_BYTES_PER_TOKEN))
+
+
+def _is_text(head: bytes) -> bool:
+    """UTF-8 with no NUL, allowing a character cut at the end of the decoded head."""
+    if b"\x00" in head:
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _pdf_pages(payload: str) -> int:

@@ -21,6 +21,10 @@ from proxy.history.messages import PINNED_ROLES
 
 MAX_KEY_CHARS = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What a key from the body may not hold either: C1 controls, line and paragraph separators
+# (line breaks to logs and terminals) and the bidi controls, with which `invoice<U+202E>
+# gpj.exe` reads as another key in the web page, the CLI and the logs.
+_FORMAT = re.compile("[\x80-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 _SESSION_HEADER = re.compile(r"^x-[a-z0-9-]*session-id$")
 
 
@@ -80,10 +84,15 @@ def resolve_tenant(
     raise Unauthorized("Invalid proxy API key." if tokens else "Missing proxy API key.")
 
 
-def _check_sent_key(key: str, source: str) -> str:
+def _check_sent_key(key: str, source: str, *, header: bool = False) -> str:
+    """`header`: the key is a header's bytes read as latin-1 (0x80-0x9f are then bytes of
+    UTF-8 characters, not controls), checked as the UTF-8 they are too."""
     if len(key) > MAX_KEY_CHARS:
         raise BadRequest(f"conversation key from {source} is over {MAX_KEY_CHARS} characters")
-    if _CONTROL.search(key):
+    text = key
+    if header and max(key, default="\x00") <= "\xff":
+        text = key.encode("latin-1").decode("utf-8", "ignore")
+    if _CONTROL.search(key) or _FORMAT.search(text):
         raise BadRequest(f"conversation key from {source} contains control characters")
     return key
 
@@ -94,14 +103,14 @@ def _sent_key(
     configured = config.conversation_header.lower()
     for name in (configured, "x-session-id"):
         if name in headers and headers[name] != "":
-            return _check_sent_key(headers[name], name)
+            return _check_sent_key(headers[name], name, header=True)
     for name in sorted(headers):
         if _SESSION_HEADER.match(name) and headers[name] != "":
-            return _check_sent_key(headers[name], name)
+            return _check_sent_key(headers[name], name, header=True)
     # Codex CLI names its session in a plain `session-id` header (`session_id` in some versions).
     for name in ("session-id", "session_id"):
         if headers.get(name):
-            return _check_sent_key(headers[name], name)
+            return _check_sent_key(headers[name], name, header=True)
     for source, value in candidates:
         if isinstance(value, str) and value:
             # JSON may carry lone surrogates, which no store can hold as text: keep

@@ -4,7 +4,8 @@ Used by `POST /v1/recap/conversations/{key}/compact` and `recap compact KEY`. It
 the session stage alone, forced, over the conversation's last request as archived,
 so it follows exactly the session layer's rules and scene (audit reason `manual`).
 Unlike the automatic path it fails loudly: a failed or pointless compaction is an
-error the caller sees.
+error the caller sees (a 400 when there is no model to ask: neither the last request nor
+the scene names one).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import Config, Tenant
-from proxy.errors import CompactionFailed, Conflict, NotFound
+from proxy.errors import BadRequest, CompactionFailed, Conflict, NotFound
 from proxy.history.measure import Measure
 from proxy.history.messages import classify
 from proxy.pipeline import Exchange
@@ -63,6 +64,14 @@ async def compact_now(
 ) -> ManualResult:
     request, messages = await last_request(store, conv)
     model = request.get("model")
+    scene = stage.scenes[tenant.name].get(tenant.compaction.session.scene)
+    if not scene.model and not (isinstance(model, str) and model):
+        # Nothing to ask: the caller's to fix (name a model in the scene), not the upstream's.
+        raise BadRequest(
+            "The conversation's last request names no model and the session scene names "
+            f"none ({tenant.compaction.session.scene}): there is no model to summarize with.",
+            "model",
+        )
     ex = Exchange(
         request_id="manual-" + uuid.uuid4().hex[:12],
         tenant=tenant,

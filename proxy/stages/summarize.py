@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from proxy.planning.guard import guard_summary
 from proxy.stages.scenes import Scene, render_values
 from proxy.store.base import ConversationRef
 from proxy.upstream.client import UpstreamClient, UpstreamPool, mapped_errors, upstream_url
+from proxy.wire.encoding import Decoder, TooLarge, Undecodable, encodings
 
 # Marks the proxy's own calls, so an upstream gateway can tell them from the client's.
 PURPOSE_HEADER = "x-recap-purpose"
@@ -82,13 +84,24 @@ class _Answer:
     duration_ms: int
 
 
-async def _read(client: UpstreamClient, request: httpx.Request) -> httpx.Response:
+# What a summarizer's answer may be, decoded: a summary is a few KB of JSON (reasoning
+# included), and a compressed answer past this is a bomb, never read into memory whole.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
+
+
+async def _read(client: UpstreamClient, request: httpx.Request) -> tuple[int, bytes]:
+    """The answer's status and body, decoded within MAX_ANSWER_BYTES (raises TooLarge, or
+    Undecodable for a body that is not valid in its Content-Encoding)."""
     response = await client.send(request)
     try:
-        await response.aread()
+        decoder = Decoder(encodings(response.headers.get("content-encoding", "")), MAX_ANSWER_BYTES)
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            body += decoder.feed(chunk)
+        decoder.finish()
     finally:
         await response.aclose()
-    return response
+    return response.status_code, bytes(body)
 
 
 class Summarizer:
@@ -197,7 +210,7 @@ class Summarizer:
         else:
             headers.update(credentials)
         timeout = httpx.Timeout(tenant.summarizer.timeout_s, connect=upstream.connect_timeout_s)
-        client = self.upstreams.client(upstream)
+        client = self.upstreams.client(tenant.name, upstream)
         start = time.perf_counter()
         async with self._slots.setdefault(tenant.name, asyncio.Semaphore(1)):
             try:
@@ -210,7 +223,7 @@ class Summarizer:
                         headers=httpx.Headers(headers, encoding="latin-1"),
                         timeout=timeout,
                     )
-                    response = await asyncio.wait_for(
+                    status, answer = await asyncio.wait_for(
                         _read(client, request),
                         # A hard bound too: a trickling response must not outlive the budget.
                         timeout=tenant.summarizer.timeout_s + upstream.connect_timeout_s,
@@ -219,11 +232,15 @@ class Summarizer:
                 raise SummarizerFailed("timeout") from None
             except RecapError as err:
                 raise SummarizerFailed(err.code or type(err).__name__) from None
+            except TooLarge:
+                raise SummarizerFailed("answer too large") from None
+            except Undecodable:
+                raise SummarizerFailed("malformed upstream response") from None
         duration_ms = int((time.perf_counter() - start) * 1000)
-        if response.status_code != 200:
-            raise SummarizerFailed(f"upstream status {response.status_code}")
+        if status != 200:
+            raise SummarizerFailed(f"upstream status {status}")
         try:
-            read = call.answer(response.json())
+            read = call.answer(json.loads(answer))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise SummarizerFailed("malformed upstream response") from None
         return _Answer(

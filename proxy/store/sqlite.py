@@ -56,6 +56,7 @@ import aiosqlite
 from proxy.store.base import ConversationRef, KeyedLocks, StoreError, SummaryVersion
 from proxy.store.cache import SummaryCache
 from proxy.store.migrations import migrate_sqlite
+from proxy.store.private import make_private
 from proxy.store.rows import Tx
 from proxy.store.sql import Candidates, SqlStore
 from proxy.store.sqlite_faults import (
@@ -68,6 +69,7 @@ from proxy.store.sqlite_faults import (
     fault_reason,
     translated,
 )
+from proxy.store.sqlite_lock import FileLocks
 
 log = logging.getLogger("recap.store")
 
@@ -182,6 +184,7 @@ class SqliteStore(SqlStore):
         self._db: aiosqlite.Connection | None = None
         self._mutex = asyncio.Lock()
         self._locks: KeyedLocks[ConversationRef] = KeyedLocks()
+        self._files = FileLocks(path) if path != MEMORY else None
         self._summaries = SummaryCache()
         # open() was called and close() was not: a lost connection is to be re-made.
         self._wanted = False
@@ -220,8 +223,8 @@ class SqliteStore(SqlStore):
                 # mode=rw: a file deleted under us is reported missing, not re-created.
                 path, uri = f"file:{quote(os.path.abspath(self._path))}?mode=rw", True
             else:
-                parent = os.path.dirname(os.path.abspath(self._path))
-                os.makedirs(parent, exist_ok=True)
+                # Owner-only: it holds every conversation and the compaction secret.
+                make_private(self._path)
         db = await aiosqlite.connect(path, isolation_level=None, uri=uri)
         try:
             # busy_timeout first: the pragmas below may already wait on a lock.
@@ -262,6 +265,8 @@ class SqliteStore(SqlStore):
         async with self._mutex:
             self._wanted = False
             db, self._db = self._db, None
+            if self._files is not None:
+                self._files.close()
             if db is not None:
                 with translated():
                     await db.close()
@@ -374,8 +379,10 @@ class SqliteStore(SqlStore):
         await super().check_writable()
 
     def conversation_lock(self, conv: ConversationRef) -> AbstractAsyncContextManager[None]:
-        # In-process only: one proxy process owns a SQLite file.
-        return self._locks.hold(conv)
+        # Across processes (the CLI beside a server): proxy/store/sqlite_lock.py.
+        if self._files is None:
+            return self._locks.hold(conv)
+        return self._files.hold(conv)
 
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
         async with self._read() as db:

@@ -64,22 +64,28 @@ SHARDS = 8
 
 
 class UpstreamPool:
-    """Pooled clients per distinct upstream config, built at start-up."""
+    """Pooled clients per tenant and upstream config, built at start-up.
 
-    def __init__(self, upstreams: Iterable[Upstream]) -> None:
-        self._clients: dict[Upstream, tuple[UpstreamClient, ...]] = {}
+    Per tenant even when two tenants' upstream configs are equal: a tenant's
+    `max_connections` bounds its own connections only, so one tenant's long or stuck
+    streams never make another wait for a connection (with one pool per config, ten
+    stuck streams of the open tenant gave another tenant 504s)."""
+
+    def __init__(self, upstreams: Iterable[tuple[str, Upstream]]) -> None:
+        self._clients: dict[tuple[str, Upstream], tuple[UpstreamClient, ...]] = {}
         self._turn = itertools.count()
         # One TLS context for every client: each one built its own (the CA bundle parsed
         # again, ~50 ms of CPU), eight per upstream. trust_env=False: as each client.
         self._tls = httpx.create_ssl_context(trust_env=False)
-        for u in upstreams:
-            if u not in self._clients:
-                self._clients[u] = _make_clients(u, self._tls)
+        for tenant, u in upstreams:
+            if (tenant, u) not in self._clients:
+                self._clients[tenant, u] = _make_clients(u, self._tls)
 
-    def client(self, upstream: Upstream) -> UpstreamClient:
-        clients = self._clients.get(upstream)
-        if clients is None:  # an upstream not known at start-up (e.g. a summarizer override)
-            clients = self._clients[upstream] = _make_clients(upstream, self._tls)
+    def client(self, tenant: str, upstream: Upstream) -> UpstreamClient:
+        """A client of `tenant`'s pool for `upstream` (its own, or its summarizer's)."""
+        clients = self._clients.get((tenant, upstream))
+        if clients is None:  # not known at start-up (e.g. a tenant's summarizer override)
+            clients = self._clients[tenant, upstream] = _make_clients(upstream, self._tls)
         return clients[next(self._turn) % len(clients)]
 
     async def aclose(self) -> None:

@@ -10,7 +10,11 @@ key by an HMAC of it (so a stolen cookie does not reveal even a weak key), a ran
 session id, and an expiry; the signature is an HMAC-SHA256 under a random secret
 made when the app is built. So a restart, or another replica, ends every session
 (log in again), and a key removed from the config ends its sessions too: each
-request finds the key again among the configured ones.
+request finds the key again among the configured ones. Logging out revokes the session
+itself, not only the browser's copy of the cookie: its id is kept, per app, until the
+cookie would have expired anyway. At most `MAX_REVOKED` are kept; past that the one
+expiring first is forgotten and every session expiring no later than it is refused (a
+few sessions end early; a revoked one never comes back).
 
 Actions (POST) are refused across sites three ways: the cookie is SameSite=Strict,
 every form carries a CSRF token derived from the session id, and a request whose
@@ -37,6 +41,7 @@ from proxy.history.identity import bearer_token
 COOKIE = "recap_session"
 SESSION_S = 12 * 3600
 MAX_COOKIE_CHARS = 1024
+MAX_REVOKED = 10_000
 
 
 class Forbidden(RecapError):
@@ -52,6 +57,8 @@ class Credential:
     key: str
     # The session id when the key came from the cookie; None for a Bearer header.
     session: str | None
+    # When the cookie's session ends (epoch seconds); None for a Bearer header.
+    expires: float | None = None
 
     def headers(self) -> dict[str, str]:
         """As the JSON routes would have seen it, for `resolve_caller`."""
@@ -61,10 +68,36 @@ class Credential:
 class Sessions:
     """Issues and checks session cookies and CSRF tokens under one per-app secret."""
 
-    def __init__(self, config: Config, secret: bytes | None = None, ttl_s: float = SESSION_S):
+    def __init__(
+        self,
+        config: Config,
+        secret: bytes | None = None,
+        ttl_s: float = SESSION_S,
+        max_revoked: int = MAX_REVOKED,
+    ):
         self.config = config
         self._secret = secret if secret is not None else secrets.token_bytes(32)
         self.ttl_s = ttl_s
+        self.max_revoked = max_revoked
+        # Logged-out sessions, by id, with their expiry; and the expiry at or before
+        # which every session is refused (raised when the set must forget one).
+        self._revoked: dict[str, float] = {}
+        self._floor = float("-inf")
+
+    @property
+    def revoked_count(self) -> int:
+        return len(self._revoked)
+
+    def revoke(self, credential: Credential, now: float | None = None) -> None:
+        """End a cookie session for good (logout): its cookie opens nothing any more."""
+        if credential.session is None or credential.expires is None:
+            return
+        now = time.time() if now is None else now
+        self._revoked = {s: e for s, e in self._revoked.items() if e > now}
+        self._revoked[credential.session] = credential.expires
+        while len(self._revoked) > self.max_revoked:
+            first = min(self._revoked, key=self._revoked.__getitem__)
+            self._floor = max(self._floor, self._revoked.pop(first))
 
     def _mac(self, purpose: str, data: str) -> str:
         digest = hmac.new(self._secret, f"{purpose}\x00{data}".encode(), hashlib.sha256).digest()
@@ -105,9 +138,11 @@ class Sessions:
             return None
         if expires <= (time.time() if now is None else now):
             return None
+        if expires <= self._floor or session in self._revoked:
+            return None  # logged out
         for key in self._keys():
             if hmac.compare_digest(key_mac, self._mac("key", key)):
-                return Credential(key, session)
+                return Credential(key, session, expires)
         return None
 
     def csrf(self, credential: Credential | None) -> str:

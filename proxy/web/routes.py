@@ -191,6 +191,9 @@ async def _login(visit: Visit) -> Response:
 
 async def _logout(visit: Visit) -> Response:
     await visit.form()
+    if visit.credential is not None:
+        # The session itself ends, not only the browser's copy of its cookie.
+        visit.sessions.revoke(visit.credential)
     response = _redirect(url("/login"))
     response.delete_cookie(COOKIE, path="/recap")
     return response

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -9,8 +10,10 @@ import pytest
 
 from proxy.dialects.base import Parsed, PassReason, Unparsed
 from proxy.dialects.responses import ITEMS, ResponsesDialect
+from proxy.history.attachments import PDF_TOKENS_PER_PAGE
 from proxy.history.conversation import check_history, tool_rounds, valid_cut_points
 from proxy.history.messages import Classification, classify
+from proxy.history.tokens import TokenCounter
 from proxy.planning.framing import summary_message
 from proxy.planning.trim import without_attachments
 from tests.fake_responses import input_problems
@@ -179,3 +182,43 @@ def test_server_held_and_unreadable_histories_are_not_parsed() -> None:
     assert isinstance(D.parse(b"{"), Unparsed)
     # An explicit null is no server history.
     assert isinstance(D.parse(b'{"input": "Hi", "previous_response_id": null}'), Parsed)
+
+
+def test_a_reasoning_item_between_a_message_and_its_call_keeps_its_place() -> None:
+    """`message, reasoning, function_call, output`: the call does not join the message
+    across the reasoning item (re-rendered, that would be `message, function_call,
+    reasoning, output`, and the reasoning would no longer precede the call it led to)."""
+    items = [user("Find it."), answer("Let me look."), reasoning(5), call(5), output(5)]
+    parsed = parse({"model": "m", "input": items})
+    m = parsed.messages
+    assert [x[ITEMS] for x in m[1:]] == [
+        [answer("Let me look.")],
+        [reasoning(5), call(5)],
+        [output(5)],
+    ]
+    assert rendered(parsed, parsed.messages)["input"] == items
+    # Rewritten around it (a summary for the first message), the order still holds.
+    summary = summary_message("They asked.", "system", "English", "session")
+    assert rendered(parsed, [summary, *m[1:]])["input"][1:] == items[1:]
+
+
+def test_an_input_file_part_weighs_its_pages_not_its_base64() -> None:
+    """An `input_file` part is the neutral `file` attachment, weighed as a PDF's pages (its
+    base64 is 530 K characters: over 100K tokens if it were text)."""
+    pdf = b"%PDF-1.7\n" + b"1 0 obj << /Type /Page >> endobj\n" * 3 + b"%" + b"x" * 400_000
+    data = "data:application/pdf;base64," + base64.b64encode(pdf).decode()
+    part = {"type": "input_file", "filename": "r.pdf", "file_data": data}
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "Sum up."}, part],
+    }
+    parsed = parse({"model": "m", "input": [item]})
+    (message,) = parsed.messages
+    assert message["content"][1] == {
+        "type": "file",
+        "file": {"filename": "r.pdf", "file_data": data},
+    }
+    weight = TokenCounter().count_message(message)
+    assert 3 * PDF_TOKENS_PER_PAGE <= weight < 3 * PDF_TOKENS_PER_PAGE + 100
+    assert rendered(parsed, parsed.messages)["input"] == [item]

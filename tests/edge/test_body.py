@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from proxy.store.base import ConversationRef
+from proxy.wire.encoding import TooLarge, Undecodable, decode
 from tests.conftest import make_config
 from tests.edge.test_compacting import wait_for_events
 from tests.fakes import FakeUpstream
@@ -214,3 +215,18 @@ def test_compressed_answer_is_decoded_for_the_archive_only_within_its_bound(
     (event,) = events
     assert event.payload["truncated"] is True
     assert event.payload["message"] is None
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_decoding_stops_at_the_limit_and_inflates_nothing_past_it(coding: str) -> None:
+    """A decompression bomb is refused before it is inflated, not after: the stream's
+    second half is broken on purpose, so a decoder that inflated the whole input before
+    comparing sizes would fail it as not valid; a bounded one stops, too large, first."""
+    zeros = bytes(16 << 20)
+    wire = bytearray(gzip.compress(zeros, 9) if coding == "gzip" else zlib.compress(zeros, 9))
+    middle = len(wire) // 2
+    wire[middle : middle + 16] = b"\xa5" * 16
+    with pytest.raises(TooLarge):
+        decode(bytes(wire), [coding], 64 * 1024)
+    with pytest.raises(Undecodable):  # the break is real: past it, the stream is not valid
+        decode(bytes(wire), [coding], 32 << 20)

@@ -492,3 +492,65 @@ async def test_store_last_event_and_paged_archive(tmp_path: Path) -> None:
         other = ConversationRef("u", "k")
         assert [x async for x in store.iter_archived(other)] == []
         assert await store.last_event(other, "request") is None
+
+
+def _compactable(url: str, conv: str, key: str, *, model: str | None) -> None:
+    """One request with a history a forced compaction folds (half a τ-bench chain)."""
+    convo = chained(sessions()[:3])
+    steps = [i for i in model_calls(convo) if convo[i - 1]["role"] == "user"]
+    body: dict[str, Any] = {"messages": convo[: steps[len(steps) // 2]]}
+    if model is not None:
+        body["model"] = model
+    r = httpx.post(
+        f"{url}/chat/completions",
+        json=body,
+        headers={"x-conversation-id": conv, **auth(key)},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    wait_for(lambda: events_settled(url, conv, key, 1))
+
+
+def _no_automatic_compaction(upstream_url: str) -> dict[str, Any]:
+    return two_tenants(
+        upstream_url,
+        session={"min_new_tokens": 10**9, "trigger_ratio": 0.99, "recent_turns": 2},
+        loop={"enabled": False},
+        trim={"enabled": False},
+    )
+
+
+def test_an_admins_manual_compaction_never_sends_the_admin_key_upstream(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
+) -> None:
+    """The tenant has no upstream key of its own, so a chat request's summarizer call
+    carries the client's Authorization; an admin's compaction carries none: the admin key
+    is Recap's, never the upstream's."""
+    url = proxy_factory(admin_keys=[ADMIN], tenants=_no_automatic_compaction(upstream_url))
+    _compactable(url, "desk-admin", KEYS["a"], model="small")
+    r = httpx.post(
+        f"{url}/recap/conversations/desk-admin/compact",
+        params={"tenant": "a"},
+        headers=auth(ADMIN),
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    (call,) = fake.chat_requests("summarize")
+    assert not any(ADMIN in value for value in call.headers.values()), call.headers
+    assert "authorization" not in call.headers
+
+
+def test_a_manual_compaction_with_no_model_to_ask_is_a_400(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
+) -> None:
+    """The conversation's last request named no model and the scene names none: nothing to
+    ask, which the caller can tell (400, param `model`), not an upstream failure (on
+    ce59ff6: 502 compaction_failed); no summarizer call is made."""
+    url = proxy_factory(admin_keys=[ADMIN], tenants=_no_automatic_compaction(upstream_url))
+    _compactable(url, "desk-nomodel", KEYS["a"], model=None)
+    r = httpx.post(
+        f"{url}/recap/conversations/desk-nomodel/compact", headers=auth(KEYS["a"]), timeout=60
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "model"
+    assert fake.chat_requests("summarize") == []

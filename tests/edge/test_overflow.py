@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -380,3 +381,75 @@ def test_the_retry_is_planned_on_the_smaller_window(
     (line,) = logs.access()
     assert line["overflow_retry_window"] < LIMIT / 2
     assert line["input_tokens"] <= line["overflow_retry_window"]
+
+
+async def _error_then_reset(scope: Any, receive: Any, send: Any) -> None:
+    """An upstream that answers 400 and drops the connection inside its error body."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"4000")],
+        }
+    )
+    await send(
+        {"type": "http.response.body", "body": b'{"error": {"message": "max', "more_body": True}
+    )
+    raise ConnectionResetError("the upstream went away inside its error answer")
+
+
+def test_a_reset_inside_the_upstreams_error_answer_is_a_502(tmp_path: Path) -> None:
+    """Reading the error answer (to tell an overflow) is inside the httpx boundary: a reset
+    there is the upstream's failure, 502 in the OpenAI shape (on ce59ff6: a 500
+    internal_error)."""
+    with ExitStack() as stack:
+        upstream = stack.enter_context(serve(_error_then_reset))
+        base = stack.enter_context(serve(recap_app(make_config(upstream, tmp_path))))
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+    assert r.status_code == 502, r.text
+    assert r.json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_the_retry_folds_everything_before_the_current_turn(url: str, fake: FakeUpstream) -> None:
+    """Harder is forced: the retry's session summary covers every turn before the
+    question (an unforced plan on the tighter window keeps the recent turns that fit)."""
+    messages = history(18, "f")
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers={"x-conversation-id": "fold-all"},
+    )
+    assert raw.parse().choices[0].message.content == "Answered within the window."
+    assert raw.headers["x-recap-overflow-retry"] == "1"
+    _, retry = fake.chat_requests()
+    sent = retry.json["messages"]
+    assert sent[0] == messages[0]
+    assert "<recap-summary" in sent[1]["content"]
+    assert sent[2:] == [messages[-1]]  # nothing raw before the question
+
+
+def test_the_retry_is_planned_on_the_tighter_window(url: str, fake: FakeUpstream) -> None:
+    """With the summarizer down, only the last resort can make the retry fit: on the
+    window the upstream's error gives (planned on the first try's, the view already fits
+    it and would overflow again)."""
+    fake.summarize = lambda body: Reply(status=500)
+    messages = history(18, "g")
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers={"x-conversation-id": "tighter"},
+    )
+    assert raw.parse().choices[0].message.content == "Answered within the window."
+    assert raw.headers["x-recap-overflow-retry"] == "1"
+    assert int(raw.headers["x-recap-dropped-messages"]) > 0
+    _, retry = fake.chat_requests()
+    assert upstream_count(retry.json) <= LIMIT
+    assert retry.json["messages"][-1] == messages[-1]

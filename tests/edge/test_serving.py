@@ -1,27 +1,45 @@
-"""Connection hygiene (issue 13 item 6) with real sockets against the proxy as served.
+"""Connection hygiene (issue 13 item 6, issue 23 items 4 and 5) with real sockets against
+the proxy as served.
 
-Idle sockets and sockets trickling header bytes are closed by the headers deadline;
-past the connection bound the socket that has waited longest is closed to make room,
-so a normal request still gets through. The tests wait for the close itself (the
-server's FIN), never for a wall-clock bound. And accept() failures are logged once
-per episode (the handler is driven with a fake clock).
+Idle sockets and sockets trickling header bytes are closed by the headers deadline; a
+body trickled under `body_min_rate` gets a 408 and its connection closed; a client that
+stops reading a stream is cut and the upstream stream it held is closed. Past the
+connection bound the socket that has kept the proxy waiting longest (for headers, for a
+body behind its rate, for a response it does not read) is closed to make room, so a
+normal request still gets through. The tests wait for the event itself (the server's
+FIN, its 408, the upstream's stream ending), never for a wall-clock bound; where they
+sleep, it is only to let a slow client fall behind, which only takes longer on a loaded
+machine. The body's clock and the once-per-episode logs are driven with fake times.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import select
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from proxy.config import Listen
-from proxy.edge.serving import AcceptErrors, protocol_for
+from proxy.edge.serving import AcceptErrors, BodyClock, SlowClients, protocol_for
 from tests.conftest import LogCapture, make_config
+from tests.fakes import FakeUpstream
 from tests.servers import recap_app, serve
+from tests.slow import (
+    EndlessStreams,
+    Trickler,
+    chat_head,
+    connect,
+    read_until_closed,
+    stream_request,
+)
 
 HANG_GUARD_S = 60  # only so a broken build fails instead of hanging the suite
 
@@ -33,13 +51,6 @@ def guarded(upstream_url: str, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def connect(url: str) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    sock.settimeout(HANG_GUARD_S)
-    return sock
-
-
 def closed_by_server(sock: socket.socket) -> bool:
     """Blocks until the server closes the connection (EOF or reset)."""
     try:
@@ -48,19 +59,6 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True
     finally:
         sock.close()
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (EOF or reset)."""
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    finally:
-        sock.close()
-    return data
 
 
 def test_idle_and_trickling_sockets_are_closed(guarded: str) -> None:
@@ -119,4 +117,157 @@ def test_accept_errors_are_logged_once_per_episode(logs: LogCapture) -> None:
     lines = [r for r in logs.records("recap.server") if r["level"] == "error"]
     assert len(lines) == 2
     assert "5000 failures" in lines[1]["msg"]
+    logging.getLogger("recap.server").handlers.clear()
+
+
+# --- bodies and responses that crawl (issue 23 items 4 and 5) -----------------------------
+
+
+@pytest.fixture
+def endless() -> Iterator[tuple[EndlessStreams, str]]:
+    streams = EndlessStreams()
+    with serve(streams, lifespan="off") as url:
+        yield streams, url
+
+
+def served(upstream: str, tmp_path: Path, **listen: Any) -> Any:
+    config = make_config(upstream, tmp_path)
+    return serve(recap_app(config), http=protocol_for(Listen(**listen)))
+
+
+def test_a_trickled_body_gets_408_and_its_connection_closed(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """Complete headers, then a byte every 50 ms (20 B/s, under `body_min_rate`): on
+    ce59ff6 the connection stayed open for as long as the client liked."""
+    stop = threading.Event()
+    with served(upstream_url, tmp_path, body_timeout_s=0.5, body_min_rate=1000) as url:
+        slow = Trickler(url, 0.05, stop)
+        answer = read_until_closed(slow.sock)
+        stop.set()
+        assert httpx.get(f"{url}/healthz", timeout=HANG_GUARD_S).status_code == 200
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
+
+
+def test_a_body_at_a_fair_rate_is_never_cut(
+    upstream_url: str, tmp_path: Path, fake: FakeUpstream
+) -> None:
+    """A second of credit for every `body_min_rate` bytes: a body sent in pieces over
+    longer than `body_timeout_s` goes through whole."""
+    payload = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    raw = (payload + " " * 40_000).encode()
+    with served(upstream_url, tmp_path, body_timeout_s=0.3, body_min_rate=1000) as url:
+        sock = connect(url)
+        sock.sendall(chat_head(len(raw)) + raw[:2000])
+        for i in range(2000, len(raw), 2000):
+            time.sleep(0.05)  # 40 KB/s: 2 s of credit a piece
+            sock.sendall(raw[i : i + 2000])
+        sock.sendall(b"")
+        answer = sock.recv(65536)
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    (sent,) = fake.chat_requests()
+    assert sent.json["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_past_the_bound_a_slow_body_makes_room_for_a_real_request(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """Twice the bound of trickled bodies, each far from its deadline: each newcomer, and
+    then the request, gets in by closing the body furthest behind its rate, with a 408."""
+    stop = threading.Event()
+    with served(
+        upstream_url, tmp_path, max_connections=8, body_timeout_s=60, body_min_rate=1000
+    ) as url:
+        first = [Trickler(url, 0.2, stop) for _ in range(8)]
+        time.sleep(1.0)  # only so each body is behind its rate by more than SLOW_GRACE_S
+        second = [Trickler(url, 0.2, stop) for _ in range(8)]  # each closes one of `first`
+        time.sleep(1.0)
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=HANG_GUARD_S,
+        )
+        assert r.status_code == 200, r.text
+        stop.set()
+        answers = [read_until_closed(t.sock) for t in first]
+        # The request closed one of `second`: wait for its answer.
+        ready, _, _ = select.select([t.sock for t in second], [], [], HANG_GUARD_S)
+        assert ready, "the request got in without closing a slow body"
+        answers.append(read_until_closed(ready[0]))
+        for t in second:
+            t.sock.close()
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), [a[:20] for a in answers]
+
+
+def test_a_client_that_stops_reading_is_cut_and_its_upstream_stream_closed(
+    endless: tuple[EndlessStreams, str], tmp_path: Path
+) -> None:
+    streams, upstream = endless
+    with served(upstream, tmp_path, send_timeout_s=0.5) as url:
+        stuck = connect(url, rcvbuf=4096)
+        stuck.sendall(stream_request())
+        assert streams.wait(lambda s: s.open == 1, HANG_GUARD_S)
+        # Never read: the socket's buffers fill, the proxy's writes wait, and after
+        # send_timeout_s the client is cut and the upstream stream let go.
+        assert streams.wait(lambda s: s.ended == 1, HANG_GUARD_S), "the stream is still held"
+        assert closed_after_reading(stuck)
+
+
+def test_past_the_bound_a_stalled_response_makes_room_for_a_real_request(
+    endless: tuple[EndlessStreams, str], tmp_path: Path
+) -> None:
+    streams, upstream = endless
+    with served(upstream, tmp_path, max_connections=4, send_timeout_s=600) as url:
+        stuck = []
+        for _ in range(8):
+            sock = connect(url, rcvbuf=4096)
+            sock.sendall(stream_request())
+            stuck.append(sock)
+        assert streams.wait(lambda s: s.open + s.ended >= 4, HANG_GUARD_S)
+        time.sleep(1.0)  # only so each response is stalled for longer than SLOW_GRACE_S
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=HANG_GUARD_S,
+        )
+        assert r.status_code == 200, r.text
+        assert streams.wait(lambda s: s.ended >= 1, HANG_GUARD_S)
+        for sock in stuck:
+            sock.close()
+
+
+def closed_after_reading(sock: socket.socket) -> bool:
+    """Reads what the socket holds; True once the server has closed it."""
+    try:
+        while sock.recv(1 << 20):
+            pass
+    except ConnectionResetError:
+        pass
+    finally:
+        sock.close()
+    return True
+
+
+def test_the_body_clock_credits_bytes_and_never_counts_the_proxys_own_pauses() -> None:
+    clock = BodyClock(100.0, timeout_s=20, min_rate=1000)
+    assert clock.due() == 120.0
+    clock.received += 5000  # five seconds of credit
+    assert clock.due() == 125.0 and clock.behind(103.0) == -2.0
+    clock.pause(104.0)  # the proxy stopped reading (the app is not taking the body)
+    assert clock.due() == float("inf") and clock.behind(200.0) == -1.0
+    clock.resume(134.0)
+    assert clock.due() == 155.0 and clock.behind(137.0) == 2.0  # 7 s in, 5 s of credit
+
+
+def test_slow_clients_are_logged_once_per_episode(logs: LogCapture) -> None:
+    slow = SlowClients(quiet_s=10)
+    assert [slow.report("bodies", t / 10) for t in range(300)].count(True) == 1
+    assert slow.report("bodies", 100.0)
+    lines = [r for r in logs.records("recap.server") if r["level"] == "warning"]
+    assert len(lines) == 2 and "300 closed" in lines[1]["msg"]
     logging.getLogger("recap.server").handlers.clear()

@@ -165,6 +165,32 @@ def test_audio_by_duration_and_files_by_pages() -> None:
     assert attachments.tokens({"type": "file", "file": {"file_id": "file-abc"}}) == 1000
 
 
+@pytest.mark.parametrize(
+    ("name", "mime"),
+    [("blob.bin", "application/octet-stream"), ("fake.pdf", "application/pdf"), (None, None)],
+)
+def test_a_file_that_is_neither_a_pdf_nor_text_weighs_what_a_file_reference_does(
+    name: str | None, mime: str | None
+) -> None:
+    """300 KB of random bytes is no text the model reads: weighed at 4 bytes a token it
+    was 75K tokens on ce59ff6 (and a compaction); it weighs `FILE_BINARY_TOKENS`, what a
+    file named by its id does, whatever its name or type claims."""
+    blob = random.Random(7).randbytes(300_000)
+    encoded = base64.b64encode(blob).decode()
+    spec: dict[str, Any] = {"file_data": data_url(mime, blob) if mime else encoded}
+    if name:
+        spec["filename"] = name
+    assert attachments.tokens({"type": "file", "file": spec}) == attachments.FILE_BINARY_TOKENS
+    assert attachments.FILE_BINARY_TOKENS == attachments.FILE_ID_TOKENS == 1000
+    # Text is still weighed by its size, in any script (UTF-8 cut mid-character included).
+    words = ("naïve café 会话 " * 30_000).encode()[:300_001]
+    text = {
+        "type": "file",
+        "file": {"filename": "notes.txt", "file_data": data_url("text/plain", words)},
+    }
+    assert attachments.tokens(text) == -(-len(words) // attachments.FILE_BYTES_PER_TOKEN)
+
+
 def test_a_message_never_weighs_its_base64() -> None:
     counter = TokenCounter()
     clip = base64.b64encode(wav(12.5)).decode()

@@ -104,3 +104,33 @@ def test_admin_key_is_never_a_tenant_key() -> None:
     with pytest.raises(Unauthorized):
         resolve_tenant(cfg, {"authorization": "Bearer adm-1"})
     assert resolve_tenant(cfg, {"authorization": "Bearer adm-2"}).name == "open"
+
+
+BIDI = ["\u202e", "\u202a", "\u202b", "\u202c", "\u202d", "\u200e", "\u200f", "\u061c"]
+ISOLATES = ["\u2066", "\u2067", "\u2068", "\u2069"]
+
+
+@pytest.mark.parametrize("control", [*BIDI, *ISOLATES, "\u2028", "\u2029", "\x85", "\x9b"])
+def test_keys_with_bidi_and_other_controls_are_refused(control: str) -> None:
+    """A bidi override makes `invoice<U+202E>gpj.exe` read as another key in the web page,
+    the CLI and the logs (on ce59ff6 it was accepted): refused like other controls, from
+    the body and from a header (whose bytes are UTF-8 read as latin-1)."""
+    bad = f"invoice{control}gpj.exe"
+    with pytest.raises(BadRequest, match="control characters"):
+        conversation_ref(
+            CFG, CFG.tenants["open"], {}, {"messages": [], "metadata": {"conversation_id": bad}}
+        )
+    if control not in ("\x85", "\x9b"):  # a header's latin-1 bytes 0x80-0x9f are UTF-8's
+        as_header = bad.encode("utf-8").decode("latin-1")
+        with pytest.raises(BadRequest, match="control characters"):
+            conversation_ref(CFG, CFG.tenants["open"], {"x-conversation-id": as_header}, {})
+
+
+def test_keys_in_any_script_are_kept() -> None:
+    for key in ["café-ü-1", "会话-42", "تذكرة-7", "…and more"]:
+        body = {"messages": [], "metadata": {"conversation_id": key}}
+        assert conversation_ref(CFG, CFG.tenants["open"], {}, body).key == key
+        # In a header: its UTF-8 bytes, as uvicorn hands them on (latin-1), kept as sent.
+        as_header = key.encode("utf-8").decode("latin-1")
+        ref = conversation_ref(CFG, CFG.tenants["open"], {"x-conversation-id": as_header}, {})
+        assert ref.key == as_header

@@ -8,6 +8,7 @@ writes what every OpenAI-compatible upstream takes.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -22,9 +23,9 @@ from proxy.config import parse_config
 from proxy.dialects.base import SummaryAnswer
 from proxy.dialects.chat import CHAT_SUMMARY
 from proxy.stages.scenes import Scene
-from proxy.stages.summarize import Summarizer
+from proxy.stages.summarize import MAX_ANSWER_BYTES, Summarizer, SummarizerFailed
 from proxy.upstream.client import UpstreamPool
-from tests.servers import serve
+from tests.servers import read_body, serve
 
 SCENE = Scene("s", None, 0.2, None, 300, "Summarise.", "{{transcript}}")
 
@@ -74,7 +75,7 @@ async def test_the_summarizer_asks_in_the_api_it_is_given(
     upstream_config = {"base_url": f"{url}/v1", "api_key": "k-1"}
     config = parse_config({"tenants": {"t": {"api_keys": [], "upstream": upstream_config}}})
     tenant = next(iter(config.tenants.values()))
-    pool = UpstreamPool([tenant.upstream])
+    pool = UpstreamPool([(tenant.name, tenant.upstream)])
     try:
         result = await Summarizer(pool, config.tenants).summarize(
             tenant,
@@ -144,3 +145,45 @@ def test_the_chat_call_is_a_chat_completion() -> None:
     assert CHAT_SUMMARY.answer(answer) == SummaryAnswer("s", "length", 3, 4, "m-2")
     with pytest.raises(KeyError):
         CHAT_SUMMARY.answer({"said": "not chat"})
+
+
+async def test_a_compressed_answer_past_its_bound_fails_the_call_unread() -> None:
+    """A summarizer that answers a gzip bomb (a whole, valid summary padded with 64 MB of
+    JSON whitespace, 64 KB on the wire) fails the compaction as "answer too large": its
+    answer is decoded only up to `MAX_ANSWER_BYTES` (on ce59ff6 it was decoded whole, and
+    a 300 MB one took the proxy from 140 to 760 MB)."""
+    answer = {
+        "model": "m",
+        "choices": [{"message": {"content": "<summary>S</summary>"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+    }
+    plain = json.dumps(answer).encode() + b" " * (64 << 20)
+    assert len(plain) > MAX_ANSWER_BYTES
+    wire = gzip.compress(plain, 9)
+    del plain
+
+    async def bomb(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await read_body(receive)
+        headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": wire})
+
+    with serve(bomb, lifespan="off") as url:
+        config = parse_config({"tenants": {"t": {"upstream": {"base_url": f"{url}/v1"}}}})
+        tenant = next(iter(config.tenants.values()))
+        pool = UpstreamPool([(tenant.name, tenant.upstream)])
+        try:
+            with pytest.raises(SummarizerFailed) as failed:
+                await Summarizer(pool, config.tenants).summarize(
+                    tenant,
+                    SCENE,
+                    {"transcript": "User: X please"},
+                    model="m",
+                    authorization=None,
+                    max_chars=500,
+                )
+        finally:
+            await pool.aclose()
+    assert failed.value.reason == "answer too large"

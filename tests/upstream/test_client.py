@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from proxy.app import create_app
+from proxy.config import parse_config
 from proxy.upstream.client import SLICE_BYTES, RequestBody
 from tests.servers import read_body, serve
+from tests.slow import EndlessStreams, connect, stream_request
 
 pytestmark = pytest.mark.quick
 
@@ -51,3 +55,37 @@ def test_the_body_goes_whole_with_its_length_and_says_once_that_it_is_sent(size:
         answer = asyncio.run(go(url))
     assert answer == f"{hashlib.sha256(payload).hexdigest()}|{size}|{size}|-"
     assert sent == [0]
+
+
+def test_tenants_never_share_an_upstream_pool(tmp_path: Path) -> None:
+    """Two tenants with the same upstream config, two connections each: the open tenant's
+    two streams hold both of its connections, and the other tenant still gets one of its
+    own (on ce59ff6 the pool was shared: a 504 after the pool's wait)."""
+    streams = EndlessStreams()
+    with serve(streams, lifespan="off") as upstream:
+        same = {"base_url": f"{upstream}/v1", "max_connections": 2, "connect_timeout_s": 1}
+        config = parse_config(
+            {
+                "store": f"sqlite:///{tmp_path / 'recap.db'}",
+                "tenants": {
+                    "open": {"upstream": same},
+                    "b": {"api_keys": ["key-b"], "upstream": same},
+                },
+            },
+            env={},
+            base_dir=str(tmp_path),
+        )
+        with serve(create_app(config)) as url:
+            held = [connect(url) for _ in range(2)]
+            for sock in held:
+                sock.sendall(stream_request())
+            assert streams.wait(lambda s: s.open == 2, 60)
+            r = httpx.post(
+                f"{url}/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"authorization": "Bearer key-b"},
+                timeout=60,
+            )
+            for sock in held:
+                sock.close()
+    assert r.status_code == 200, r.text

@@ -81,3 +81,22 @@ def test_same_origin(headers: dict[str, str], ok: bool) -> None:
     else:
         with pytest.raises(Forbidden):
             check_same_origin(headers)
+
+
+def test_a_revoked_session_stays_revoked_within_a_bounded_memory() -> None:
+    s = Sessions(parse_config(CONFIG, env={}), secret=b"s" * 32, ttl_s=60, max_revoked=3)
+    cookies = [s.issue("key-a", now=1000 + i) for i in range(6)]
+    for cookie in cookies[:5]:
+        credential = s.open(cookie, now=1010)
+        assert credential is not None
+        s.revoke(credential, now=1010)
+    # Never more than max_revoked kept; a session forgotten from the set is not let back
+    # in: every session expiring no later than it is refused instead.
+    assert s.revoked_count <= 3
+    assert all(s.open(c, now=1010) is None for c in cookies[:5])
+    assert s.open(cookies[5], now=1010) is not None
+    # Expired entries are dropped: the set holds only sessions that could still open.
+    fresh = s.open(s.issue("key-a", now=2000), now=2000)
+    assert fresh is not None
+    s.revoke(fresh, now=2000)
+    assert s.revoked_count == 1

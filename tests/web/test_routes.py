@@ -251,6 +251,19 @@ def test_logout_ends_the_session_in_the_browser(shared_site: Site) -> None:
     assert client.get("/recap/").status_code == 303
 
 
+def test_logout_revokes_the_cookie_itself(shared_site: Site) -> None:
+    """A copy of the cookie (another tab, a stolen one) is dead after logout too: the
+    cookie is stateless, so on ce59ff6 it opened the page for its whole 12 hours."""
+    client = logged_in(shared_site, KEYS["a"])
+    copy = client.cookies["recap_session"]
+    other = logged_in(shared_site, KEYS["a"])  # another session of the same key
+    token = csrf_of(client, "a", CONV_A)
+    assert client.post("/recap/logout", data={"csrf": token}).status_code == 303
+    r = httpx.get(shared_site.url + "/recap/", cookies={"recap_session": copy})
+    assert r.status_code == 303 and r.headers["location"] == "/recap/login"
+    assert other.get("/recap/").status_code == 200  # only the session that logged out
+
+
 @pytest.mark.parametrize("inspection_open", [True, False])
 def test_the_open_tenant_needs_no_login_only_with_inspection_open(
     tmp_path: Path, inspection_open: bool
