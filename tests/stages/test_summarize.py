@@ -108,7 +108,7 @@ async def test_without_a_key_of_its_own_the_upstream_gets_the_clients_key_header
     seen, url = upstream
     config = parse_config({"tenants": {"t": {"upstream": {"base_url": f"{url}/v1"}}}})
     tenant = next(iter(config.tenants.values()))
-    pool = UpstreamPool([tenant.upstream])
+    pool = UpstreamPool([(tenant.name, tenant.upstream)])
     try:
         await Summarizer(pool, config.tenants).summarize(
             tenant,
@@ -181,7 +181,7 @@ async def test_a_compressed_answer_past_its_bound_fails_the_call_unread() -> Non
                     SCENE,
                     {"transcript": "User: X please"},
                     model="m",
-                    authorization=None,
+                    credentials={},
                     max_chars=500,
                 )
         finally:
