@@ -94,6 +94,8 @@ class Exchange:
     loop_summary_index: int | None = None
     # Fingerprints of the originals the trim stage replaced by placeholders.
     trimmed: list[str] = field(default_factory=list)
+    # Fingerprints of the client's messages the last resort dropped (fit_to_window).
+    dropped: list[str] = field(default_factory=list)
     # Set by the archive stage: how the client's messages are identified (`identity`,
     # from the fingerprint cache); those not yet on disk as (fingerprint, json) rows (None:
     # not worked out yet); and how to write them now.

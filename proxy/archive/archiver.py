@@ -205,6 +205,9 @@ class Archiver:
                     "params": params_fp,
                     # null: sent exactly as the client sent it (no second copy of the list)
                     "sent": sent if ex.changed or client is not None else None,
+                    # the client's messages the last resort dropped (not folded: lost to
+                    # the model; the page tags them)
+                    "dropped": ex.dropped,
                     "layers": ex.layers,
                     # What each layer did (the log line's `compactions`), from the
                     # typed outcomes; the session summary now applied, if any.

@@ -92,7 +92,7 @@ def conversations_text(page: dict[str, Any]) -> str:
                 c["tenant"],
                 c["key"],
                 str(c["message_count"]),
-                str(c["compact_count"]),
+                str(c.get("compactions_made", c["compact_count"])),
                 str(c["tokens_saved"]),
                 f"v{version}" if version else "-",
             )
@@ -115,8 +115,8 @@ def show_text(d: dict[str, Any]) -> str:
         f"created       {stamp(d['created_at'])}",
         f"updated       {stamp(d['updated_at'])}",
         f"messages      {d['message_count']} archived",
-        f"compactions   {d['compact_count']} summary version(s) made, "
-        f"{d['tokens_saved']} tokens saved",
+        f"compactions   {d.get('compactions_made', 0)} (every layer), "
+        f"{d['compact_count']} summary version(s) made, {d['tokens_saved']} tokens saved",
     ]
     current = d["summary"]
     if current is None:

@@ -24,7 +24,7 @@ from proxy.planning.fidelity import plan_fidelity
 from proxy.planning.outcome import CompactionOutcome, Layer
 from proxy.planning.trim import TrimPlan, apply_trim, fit_to_window, plan_trim
 from proxy.stages.audit import audit
-from proxy.store.base import CompactionRecord, Store
+from proxy.store.base import CompactionRecord, Outcome, Store
 
 log = logging.getLogger("recap.trim")
 # The last resort has its own logger: an operator filters its warnings apart from trim's.
@@ -106,7 +106,10 @@ class FitToWindow:
         reason = drop_reason(ex)
         kept = {id(m) for m in messages}
         gone = sum(_chars(m) for m in ex.messages if id(m) not in kept)
-        await _audit(self.store, ex, Layer.FIT, reason, DROP_REASONS[reason], messages, (gone, 0))
+        await _audit(
+            self.store, ex, Layer.FIT, reason, DROP_REASONS[reason], messages, (gone, 0), "dropped"
+        )
+        ex.dropped = [ex.measure.fingerprint(m) for m in ex.messages if id(m) not in kept]
         ex.messages = messages
         ex.report(
             CompactionOutcome(Layer.FIT, "compacted", count=dropped, extra={"reason": reason})
@@ -163,15 +166,17 @@ async def _audit(
     detail: str,
     after: list[Message],
     chars: tuple[int, int],
+    outcome: Outcome = "ok",
 ) -> None:
-    """The layer's audit row (model-free: no summarizer tokens, no model)."""
+    """The layer's audit row (model-free: no summarizer tokens, no model); the last resort's
+    is `dropped`: it saved nothing, it lost messages from the view."""
     await audit(
         store,
         ex.conversation,
         CompactionRecord(
             layer=layer,
             reason=reason,
-            outcome="ok",
+            outcome=outcome,
             detail=detail,
             tokens_before=ex.measure.total(ex.messages),
             tokens_after=ex.measure.total(after),

@@ -21,7 +21,8 @@ from typing import Any, Generic, Literal, Self, TypeVar
 from proxy.history.conversation_ref import ConversationRef as ConversationRef
 from proxy.planning.outcome import Layer as Layer
 
-Outcome = Literal["ok", "failed", "skipped"]
+# "dropped": the last resort dropped messages (it saved nothing: they were lost to the view).
+Outcome = Literal["ok", "failed", "skipped", "dropped"]
 EventType = Literal[
     "request",
     "response",
@@ -178,9 +179,12 @@ class ConversationInfo:
     created_at: float
     updated_at: float
     message_count: int
-    compact_count: int
+    compact_count: int  # summary versions made
     tokens_saved: int
     current_version: int | None
+    # Compactions of every layer that changed what was sent (session, loop, trim, manual,
+    # remote: audit rows with outcome ok); the last resort's drops are not among them.
+    compactions_made: int = 0
 
 
 def pick_matching(

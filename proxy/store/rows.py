@@ -58,7 +58,14 @@ SUMMARY_FROM = (
     "FROM summary_versions sv JOIN conversations c ON c.tenant = sv.tenant AND c.key = sv.key"
     " WHERE sv.tenant = ? AND sv.key = ?"
 )
-CONVERSATION_COLUMNS = ", ".join(names(ConversationInfo))
+# The stored columns, then `compactions` counted from the audit rows (compactions_conv index).
+CONVERSATION_COLUMNS = ", ".join(
+    [c for c in names(ConversationInfo) if c != "compactions_made"]
+    + [
+        "(SELECT COUNT(*) FROM compactions a WHERE a.tenant = conversations.tenant"
+        " AND a.key = conversations.key AND a.outcome = 'ok')"
+    ]
+)
 LOOP_COLUMNS = ", ".join(names(LoopSummary))
 COMPACTION_COLUMNS = ", ".join(names(CompactionRecord))
 EVENT_COLUMNS = "id, type, payload, created_at"

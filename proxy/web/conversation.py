@@ -43,7 +43,7 @@ def _cards(v: ConversationView) -> Html:
     items = [
         ("messages archived", number(d.get("message_count"))),
         ("requests", number(v.timeline.requests)),
-        ("compactions", number(d.get("compact_count"))),
+        ("compactions", number(d.get("compactions_made"))),
         ("tokens saved", number(d.get("tokens_saved"))),
         ("summary version", f"v{current}" if current else "none"),
         ("updated", when(d.get("updated_at"))),
@@ -288,7 +288,7 @@ def _saw(v: ConversationView) -> Html:
         n=len(c.sent),
         m=len(c.client),
         saw=message_column(c.sent, client_fps, "synthetic"),
-        sent=message_column(c.client, sent_fps, "folded"),
+        sent=message_column(c.client, sent_fps, "folded", c.dropped),
     )
 
 

@@ -72,6 +72,8 @@ overflow:auto}
 .tag.folded{color:#656d76}
 tr.ok td.outcome{color:#1a7f37}
 tr.failed td.outcome{color:#cf222e}
+tr.dropped td.outcome{color:#cf222e}
+.tag.dropped{color:#cf222e}
 tr.rollback{background:#fff8c5}
 tr.rolled-back td{color:#656d76}
 tr.chosen{background:#ddf4ff}

@@ -35,7 +35,7 @@ def _row(c: dict[str, Any]) -> Html:
         href=conversation_url(c["tenant"], c["key"]),
         key=c["key"],
         messages=number(c.get("message_count")),
-        compactions=number(c.get("compact_count")),
+        compactions=number(c.get("compactions_made")),
         version=f"v{version}" if version else "none",
         saved=number(c.get("tokens_saved")),
         updated=when(c.get("updated_at")),

@@ -68,6 +68,18 @@ def message_card(message: Any, mark: str | None = None) -> Html:
     )
 
 
-def message_column(items: list[tuple[str, Any]], others: set[str], mark: str) -> Html:
-    """Cards for (fingerprint, message); those whose fingerprint is not in `others` get `mark`."""
-    return join(message_card(m, None if fp in others else mark) for fp, m in items)
+def message_column(
+    items: list[tuple[str, Any]],
+    others: set[str],
+    mark: str,
+    dropped: frozenset[str] = frozenset(),
+) -> Html:
+    """Cards for (fingerprint, message); those whose fingerprint is not in `others` get `mark`,
+    or `dropped` when the last resort dropped them (they reached the model in no form)."""
+
+    def tag(fp: str) -> str | None:
+        if fp in others:
+            return None
+        return "dropped" if fp in dropped else mark
+
+    return join(message_card(m, tag(fp)) for fp, m in items)

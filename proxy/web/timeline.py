@@ -71,6 +71,8 @@ class ChosenRequest:
     point: RequestPoint
     client: list[tuple[str, Any]]
     sent: list[tuple[str, Any]]
+    # The client's messages the last resort dropped (not folded into a summary: lost).
+    dropped: frozenset[str] = frozenset()
 
 
 def _int(value: Any) -> int | None:
@@ -125,4 +127,5 @@ async def resolve(store: Store, conv: ConversationRef, event: Event) -> ChosenRe
         point(event),
         list(zip(client, client_messages, strict=True)),
         list(zip(sent, sent_messages, strict=True)),
+        frozenset(event.payload.get("dropped") or ()),
     )

@@ -7,6 +7,7 @@ the end, in tests that take no `store` fixture.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from proxy.history.messages import chain_hashes, fingerprint, split_pinned
+from proxy.planning.outcome import Layer
 from proxy.store import (
     CompactionRecord,
     ConversationRef,
@@ -334,6 +336,32 @@ async def test_compactions_are_audited_and_only_ok_saves_tokens(
     info = await store.get_conversation(CONV)
     assert info is not None and info.tokens_saved == 22000 + 5000
     assert info.compact_count == 0  # counting compactions is add_summary_version's job
+
+
+async def test_compactions_are_counted_across_layers_and_a_drop_is_not_one(
+    store: Store,
+) -> None:
+    """The list's "Compactions": every layer's compaction that changed what was sent (a
+    loop's working summaries and trims count as a session summary does), not the summary
+    versions only; a failed or skipped attempt is not one, and neither is the last resort's
+    drop, which saves nothing: it lost messages."""
+    for layer, outcome in [
+        (Layer.SESSION, "ok"),
+        (Layer.LOOP, "ok"),
+        (Layer.LOOP, "ok"),
+        (Layer.TRIM, "ok"),
+        (Layer.MANUAL, "ok"),
+        (Layer.LOOP, "failed"),
+        (Layer.SESSION, "skipped"),
+        (Layer.FIT, "dropped"),
+    ]:
+        record = dataclasses.replace(compaction(outcome, 9000, 4000), layer=layer)
+        await store.record_compaction(CONV, record)
+    info = await store.get_conversation(CONV)
+    assert info is not None and info.compactions_made == 5
+    assert info.tokens_saved == 5 * 5000  # the drop saved nothing
+    (listed,) = await store.list_conversations(CONV.tenant)
+    assert listed.compactions_made == 5
 
 
 async def test_archive_deduplicates(store: Store, history: list[dict[str, Any]]) -> None:

@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from proxy.config import parse_config
+from tests.fakes import Reply
+from tests.faults import history
 from tests.servers import recap_app, serve
 from tests.web.conftest import ADMIN, CONV_A, CONV_B, KEYS, SCRIPT, Site, bearer
 
@@ -334,3 +336,28 @@ def test_a_wrong_operator_key_is_called_that_not_a_proxy_key(shared_site: Site) 
         headers=wrong,
     )
     assert r.status_code == 401 and r.json()["error"]["message"] == "Invalid proxy API key."
+
+
+def test_a_drop_is_red_and_tagged_and_compactions_count_every_layer(site: Site) -> None:
+    """The last resort's drop: a red `dropped` row in the timeline, not counted as saved or
+    as a compaction, and the messages it dropped tagged `dropped` in "what the client sent"
+    (they reached the model in no form), apart from those a summary folded."""
+    admin = logged_in(site, ADMIN)
+    before = site.detail("a", CONV_A)
+    site.upstream.summarize = lambda body: Reply(status=503, error={"error": {"message": "down"}})
+    site.chat("a", "dropping", history(turns=70, marker="drop"))
+    site.wait_archived("a", "dropping", 1)
+    detail = site.detail("a", "dropping")
+    layers = [(c["layer"], c["outcome"]) for c in detail["compactions"]]
+    assert ("fit_to_window", "dropped") in layers, layers
+    assert detail["tokens_saved"] == 0 and detail["summary"] is None
+    text = page(admin, "a", "dropping").text
+    assert '<tr class="dropped">' in text
+    sent = text.split('id="client-sent"')[1]
+    assert 'class="tag dropped"' in sent and 'class="tag folded"' not in sent
+    # The list counts compactions across layers: the seeded conversation's session summaries
+    # (one version per compaction), none for the dropping one.
+    listing = admin.get("/recap/").text
+    row = listing.split("dropping</a>")[1].split("</tr>")[0]
+    assert re.findall(r'<td class="num">([\d,]+)</td>', row)[1] == "0", row
+    assert before["compactions_made"] >= 1
