@@ -43,7 +43,7 @@ from proxy.stages.session import SessionStage
 from proxy.stages.summarize import Summarizer
 from proxy.stages.trim import FitToWindow, TrimStage
 from proxy.state import AppState
-from proxy.store import StoreError, open_store
+from proxy.store import Store, StoreError, open_store
 from proxy.upstream.client import UpstreamPool
 
 log = logging.getLogger("recap.app")
@@ -120,11 +120,14 @@ def create_app(
     *,
     clock: Callable[[], float] = time.monotonic,
     counter: TokenCounter | None = None,
+    store: Store | None = None,
 ) -> Starlette:
     """The app for `config`; `clock` (monotonic seconds) times the circuit breakers'
     cool-downs, so a test can advance a fake one instead of sleeping. `counter`: the token
     counter to use (default: a new one, which builds its encoding at start-up, about a
-    second of CPU); a test suite that builds hundreds of apps passes one to them all."""
+    second of CPU); a test suite that builds hundreds of apps passes one to them all.
+    `store`: the store to open instead of the one `config.store` names (a test's or a
+    benchmark's wrapper around a real one)."""
     from proxy.archive.retention import Retention
     from proxy.dialects.messages import MessagesDialect
     from proxy.dialects.responses import ResponsesDialect
@@ -137,12 +140,15 @@ def create_app(
 
     # Per app, never global: tests build many apps, each with its own registry.
     metrics = Metrics()
+    given_store = store
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
         AcceptErrors().install(asyncio.get_running_loop())
         upstreams = upstream_pool(config)
-        store = open_store(config.store, config.base_dir, pool=config.store_pool)
+        store = given_store
+        if store is None:
+            store = open_store(config.store, config.base_dir, pool=config.store_pool)
         try:
             await store.open()
         except StoreError as exc:
@@ -166,6 +172,8 @@ def create_app(
             pipeline=Pipeline([]),
             clock=clock,
         )
+        # Every audit row (any stage, remote and manual compaction) is queued on it.
+        store.audits = state.audits
         state.pipeline = Pipeline(build_stages(state))
         state.remote = RemoteCompactor(
             config, store, Summarizer(upstreams, config.tenants), load_scenes(config), tokens
@@ -183,6 +191,7 @@ def create_app(
                 retention.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await retention
+            await state.audits.drain()
             await state.archiver.drain()
             await upstreams.aclose()
             await store.close()

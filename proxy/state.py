@@ -11,6 +11,7 @@ from proxy.config import Config
 from proxy.history.fingerprints import FingerprintCache
 from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Pipeline
+from proxy.stages.audit import AuditWriter
 from proxy.stages.calibration import Calibration
 from proxy.stages.remote import RemoteCompactor
 from proxy.store.base import Store
@@ -32,3 +33,5 @@ class AppState:
     clock: Callable[[], float] = time.monotonic
     # Codex remote compaction (proxy/edge/codex.py), built with the pipeline.
     remote: RemoteCompactor | None = None
+    # The audit rows and their events, written off the request path (`store.audits`).
+    audits: AuditWriter = field(default_factory=AuditWriter)

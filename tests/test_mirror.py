@@ -38,7 +38,6 @@ TESTED_ELSEWHERE = {
     "ops/tail.py": "tests/ops/test_logs.py",
     "ops/tail_fields.py": "tests/ops/test_logs.py",
     "stages/archive.py": "tests/archive/test_archive_fidelity.py",
-    "stages/audit.py": "tests/store/test_store.py",
     "stages/calibration.py": "tests/edge/test_overflow.py",
     "stages/estimate.py": "tests/stages/test_session.py",
     "stages/expansion.py": "tests/edge/test_codex_references.py",

@@ -344,7 +344,9 @@ class Archiver:
 
     async def flush(self, timeout: float = 10.0) -> None:
         """Store what is queued now (bounded by `timeout`): a reader of the archive in
-        this process then sees every request answered so far."""
+        this process then sees every request answered so far (and its audit rows)."""
+        if self.store.audits is not None:
+            await self.store.audits.flush(timeout)
         target = self._queued
         if self._taken >= target or self._failing:
             return

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeVar
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar
 
 from proxy.history.conversation_ref import ConversationRef as ConversationRef
 from proxy.planning.outcome import Layer as Layer
@@ -256,12 +264,27 @@ class _LockEntry:
         self.users = 0
 
 
+class Deferred(Protocol):
+    """Writes that need not hold a request (the audit rows and their events), run in the
+    background in order per conversation (`proxy/stages/audit.py`'s `AuditWriter`)."""
+
+    def put(self, conv: ConversationRef, write: Callable[[], Awaitable[None]], what: str) -> None:
+        """Queue `write` after the conversation's earlier ones; never raises."""
+
+    async def flush(self, timeout: float = 10.0) -> None:
+        """Wait (bounded) for the writes queued so far: a reader then sees them."""
+
+
 class Store(abc.ABC):
     """Persistent state of conversations. All methods raise StoreError (or NotFound) only.
 
     Times are float epoch seconds. Every write runs in one transaction, so a
     crash leaves either all of it or none of it.
     """
+
+    # Set by the app's lifespan: where audit rows go off the request path. None: the
+    # caller awaits them (a store used on its own: the CLI, tests of the store).
+    audits: Deferred | None = None
 
     @abc.abstractmethod
     async def open(self) -> None:

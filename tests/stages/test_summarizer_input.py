@@ -27,6 +27,7 @@ from tests.faults import (
     history,
     post,
     summaries_in,
+    wait_until,
 )
 from tests.servers import recap_app, serve
 
@@ -34,11 +35,21 @@ from tests.servers import recap_app, serve
 SCENES = Path(__file__).resolve().parents[2] / "scenes"
 
 
-def audit_rows(tmp_path: Path, key: str) -> list[dict[str, Any]]:
-    with sqlite3.connect(tmp_path / "recap.db") as db:
-        db.row_factory = sqlite3.Row
-        rows = db.execute("SELECT * FROM compactions WHERE key = ? ORDER BY id", (key,))
-        return [dict(r) for r in rows.fetchall()]
+def audit_rows(tmp_path: Path, key: str, at_least: int = 1) -> list[dict[str, Any]]:
+    """The conversation's audit rows, once `at_least` are written (they are written in the
+    background, after the request is forwarded)."""
+    rows: list[dict[str, Any]] = []
+
+    def read() -> bool:
+        nonlocal rows
+        with sqlite3.connect(tmp_path / "recap.db") as db:
+            db.row_factory = sqlite3.Row
+            found = db.execute("SELECT * FROM compactions WHERE key = ? ORDER BY id", (key,))
+            rows = [dict(r) for r in found.fetchall()]
+        return len(rows) >= at_least
+
+    wait_until(read)
+    return rows
 
 
 def test_tenant_scene_override_and_sampling_reach_the_summarizer(
@@ -132,7 +143,7 @@ def test_trim_and_fit_write_audit_rows(
             m["content"] = "row " * 700
     r = post(proxy, messages, "audit-trim")
     assert "trim" in r.headers["x-recap-compaction"] or r.headers["x-recap-compaction"] == "failed"
-    layers = [row["layer"] for row in audit_rows(tmp_path, "audit-trim")]
+    layers = [row["layer"] for row in audit_rows(tmp_path, "audit-trim", at_least=2)]
     assert "trim" in layers and "fit_to_window" in layers
     trim = next(row for row in audit_rows(tmp_path, "audit-trim") if row["layer"] == "trim")
     assert trim["chars_after"] < trim["chars_before"]

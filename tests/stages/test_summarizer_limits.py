@@ -27,6 +27,7 @@ from tests.faults import (
     history,
     post,
     summaries_in,
+    wait_until,
 )
 
 COUNTER = TokenCounter()
@@ -38,11 +39,21 @@ CUT = (
 )
 
 
-def audit_rows(tmp_path: Path, key: str) -> list[dict[str, Any]]:
-    with sqlite3.connect(tmp_path / "recap.db") as db:
-        db.row_factory = sqlite3.Row
-        rows = db.execute("SELECT * FROM compactions WHERE key = ? ORDER BY id", (key,))
-        return [dict(r) for r in rows.fetchall()]
+def audit_rows(tmp_path: Path, key: str, at_least: int = 1) -> list[dict[str, Any]]:
+    """The conversation's audit rows, once `at_least` are written (they are written in the
+    background, after the request is forwarded)."""
+    rows: list[dict[str, Any]] = []
+
+    def read() -> bool:
+        nonlocal rows
+        with sqlite3.connect(tmp_path / "recap.db") as db:
+            db.row_factory = sqlite3.Row
+            found = db.execute("SELECT * FROM compactions WHERE key = ? ORDER BY id", (key,))
+            rows = [dict(r) for r in found.fetchall()]
+        return len(rows) >= at_least
+
+    wait_until(read)
+    return rows
 
 
 def scripted(*answers: Answer) -> Callable[[dict[str, Any]], Answer]:
