@@ -13,9 +13,11 @@ generator or with another server:
     recap           `python -m proxy serve` with its real default stage list, a SQLite store in
                     a temporary directory, JSON logs to a file
 
-All three run on uvicorn with the settings `proxy/ops/cli.py` uses (`benchmarks.harness`: the
-same loop and HTTP implementation, uvloop/httptools when installed, asyncio/h11 otherwise),
-so Recap and the bare pass-through differ only in their application code.
+All three run on uvicorn with the settings `proxy/ops/cli.py` uses (`benchmarks.harness`), but
+the bare pass-through always on the asyncio loop and h11, as `pip install starlette httpx
+uvicorn` gives it: the floor a user could write in an afternoon. Recap runs on what this
+environment gives `recap serve` (uvicorn's loop="auto", its guarded h11 protocol,
+`proxy/edge/serving.py`).
 
 The request is a realistic 20-message agent history (`benchmarks.agent_request`: system
 prompt, user/assistant turns, four tool calls and their results, tool schemas; about 8 KB of
@@ -66,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -598,6 +601,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def serve_floor(app: Any, port: int) -> None:
+    """The bare pass-through on the stack `pip install starlette httpx uvicorn` gives: the
+    asyncio loop and h11, whatever faster loop or parser this environment has (Recap may run on
+    a faster one: the floor stays what a user writes in an afternoon)."""
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        loop="asyncio",
+        http="h11",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        server_header=False,
+        date_header=False,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -605,7 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_app(fake_upstream().app, args.port)
         return 0
     if args.serve_bare:
-        serve_app(bare_app(args.upstream or ""), args.port)
+        serve_floor(bare_app(args.upstream or ""), args.port)
         return 0
     return in_workdir(run, args, argv, "overhead")
 

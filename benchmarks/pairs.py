@@ -13,7 +13,9 @@ Usage (from the repository root):
     python -m benchmarks.pairs [--api chat|responses] [--mode json|stream] [--rounds 1000]
         NAME=TREE [NAME=TREE ...]
 e.g. `git worktree add /tmp/old 3ba1684` and then `python -m benchmarks.pairs old=/tmp/old
-new=.`; with `RECAP_PAIRS_ENV_<NAME>="K=V,K=V"` a build gets extra environment variables.
+new=.`; with `RECAP_PAIRS_ENV_<NAME>="K=V,K=V"` a build gets extra environment variables, with
+`RECAP_PAIRS_PYTHON_<NAME>=PATH` its own interpreter (a venv with that revision's dependencies:
+the old one without uvloop, say).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def build(name: str, tree: Path, upstream: str, workdir: Path) -> Iterator[Serve
         env[key] = value
     log = here / "recap.log"
     cmd = recap_command(recap_config(upstream, "sqlite", here), port)
+    cmd[0] = os.environ.get(f"RECAP_PAIRS_PYTHON_{name}", cmd[0])
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(name, f"http://127.0.0.1:{port}", proc, log)
