@@ -53,12 +53,13 @@ def compactions_of(record: RequestRecord) -> list[tuple[str, str]]:
     outcomes; an applied stored summary or a skip is no attempt."""
     out: list[tuple[str, str]] = []
     for o in record.outcomes:
-        if o.action not in ("compacted", "failed"):
+        if o.action not in ("compacted", "failed", "dropped"):
             continue
         layer = o.layer
         if o.layer == Layer.SESSION and o.trigger == "forced":
             layer = Layer.MANUAL  # a forced compaction (x-recap-compaction: force) is audited so
-        out.append((str(layer), "failed" if o.action == "failed" else "ok"))
+        outcome = {"failed": "failed", "dropped": "dropped"}.get(o.action, "ok")
+        out.append((str(layer), outcome))
     if record.manual is not None:  # the operator's compact route
         out.append((Layer.MANUAL.value, record.manual.status))
     return out

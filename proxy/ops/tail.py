@@ -134,7 +134,7 @@ def layers(f: Mapping[str, Any]) -> list[str]:
         out: list[str] = []
         for c in found:
             layer = str(c.get(F.c_layer))
-            if c.get(F.c_action) in ("compacted", "applied") and layer not in out:
+            if c.get(F.c_action) in ("compacted", "applied", "dropped") and layer not in out:
                 out.append(layer)
         return out
     if isinstance(named, list):
@@ -352,7 +352,7 @@ def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[
         if skip in NOTABLE_SKIPS or (code == "forced" and skip):
             return name, [f"skipped: {words(skip)}"], skip in NOTABLE_SKIPS
         return None
-    if action != "compacted":
+    if action not in ("compacted", "dropped"):
         return None
     count, covers = _num(c.get(F.c_count)), _num(c.get(F.c_covers))
     if layer == Layer.SESSION:
@@ -384,8 +384,12 @@ def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[
         )
     if layer == Layer.FIT:
         reason = c.get(F.c_reason)
-        what = f"dropped the {_tokens(count)} oldest messages to fit the window"
-        return name, [what + (f" ({words(reason)})" if reason else "")], False
+        what = f"DROPPED the {_tokens(count)} oldest messages to fit the window"
+        return (
+            name,
+            [what + (f" ({words(reason)})" if reason else "")],
+            True,
+        )
     return name, [words(action), tokens, ms], False
 
 

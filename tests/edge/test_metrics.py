@@ -207,9 +207,9 @@ def test_records_to_layers_and_routes() -> None:
         record(
             CompactionOutcome("loop", "failed", "tool_rounds", failure="timeout"),
             CompactionOutcome("trim", "compacted", count=2),
-            CompactionOutcome("fit_to_window", "compacted", count=3),
+            CompactionOutcome("fit_to_window", "dropped", count=3),
         )
-    ) == [("loop", "failed"), ("trim", "ok"), ("fit_to_window", "ok")]
+    ) == [("loop", "failed"), ("trim", "ok"), ("fit_to_window", "dropped")]
     # Applying a stored summary or skipping is no compaction attempt.
     assert compactions_of(
         record(

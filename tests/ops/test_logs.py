@@ -248,7 +248,7 @@ def test_tail_reads_each_layer_from_the_compactions_list() -> None:
             {"layer": "trim", "action": "compacted", "count": 2, "saved_chars": 12000},
             {
                 "layer": "fit_to_window",
-                "action": "compacted",
+                "action": "dropped",
                 "count": 4,
                 "reason": "summary_failed",
             },
@@ -259,7 +259,7 @@ def test_tail_reads_each_layer_from_the_compactions_list() -> None:
     assert [n.strip().removeprefix("\u21b3 ") for n in notes] == [
         "loop     FAILED (tool loop too large), timeout, sent as it came",
         "trim     2 tool results trimmed, 12,000 chars saved",
-        "fit      dropped the 4 oldest messages to fit the window (summary failed)",
+        "fit      DROPPED the 4 oldest messages to fit the window (summary failed)",
     ]
     forced = {
         "logger": "recap.access",
