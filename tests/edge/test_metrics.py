@@ -342,3 +342,26 @@ def test_responses_cached_tokens_reach_the_log_and_metrics(
         wait_for_value(url, "recap_upstream_cached_input_tokens_total", 1536, **labels)
         reported = value(scrape(url), "recap_upstream_reported_input_tokens_total", **labels)
         assert reported == 2048
+
+
+def test_the_operator_view_says_what_the_cache_served(
+    proxy_factory: Callable[..., str], upstream_url: str, fake: FakeUpstream
+) -> None:
+    url = proxy_factory(
+        tenants={"acme": {"api_keys": ["k"], "upstream": {"base_url": upstream_url + "/v1"}}}
+    )
+    fake.chat = lambda body: Reply(content="hi", usage=CHAT_USAGE)
+    headers = {"authorization": "Bearer k", "x-conversation-id": "cached-1"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    assert httpx.post(f"{url}/chat/completions", json=body, headers=headers).status_code == 200
+
+    def view() -> dict[str, Any]:
+        r = httpx.get(f"{url}/recap/conversations/cached-1/view", headers=headers)
+        return r.json() if r.status_code == 200 else {}
+
+    # The answer is archived in the background: wait for it.
+    deadline = time.monotonic() + 10
+    while view().get("cached_input_tokens") is None:
+        assert time.monotonic() < deadline, view()
+        time.sleep(0.02)
+    assert (view()["upstream_input_tokens"], view()["cached_input_tokens"]) == (1000, 768)
