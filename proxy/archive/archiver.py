@@ -194,6 +194,9 @@ class Archiver:
                 "request",
                 {
                     "request_id": ex.request_id,
+                    # the API it came in (the dialect's name), so what reads it back
+                    # speaks to the upstream in that API (the manual compaction)
+                    "dialect": ex.dialect.name,
                     "classification": ex.classification.value,
                     "model": ex.model,
                     "stream": ex.stream,

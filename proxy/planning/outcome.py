@@ -116,6 +116,22 @@ class CompactionOutcome:
         return out | self.extra
 
 
+def done_words(outcome: CompactionOutcome) -> str:
+    """What a compaction did, for the stream's `: recap compacted` comment: the layer, what it
+    folded and the view's tokens before and after ("session, 38 messages into one summary,
+    12,410 -> 2,377 tokens")."""
+    what = {
+        Layer.SESSION: "messages into one summary",
+        Layer.LOOP: "tool rounds into the working summary",
+    }
+    parts = [str(outcome.layer)]
+    if outcome.count is not None:
+        parts.append(f"{outcome.count} {what.get(outcome.layer, 'messages')}")
+    if outcome.tokens_before is not None and outcome.tokens_after is not None:
+        parts.append(f"{outcome.tokens_before:,} -> {outcome.tokens_after:,} tokens")
+    return "recap compacted: " + ", ".join(parts)
+
+
 def layers(outcomes: Iterable[CompactionOutcome]) -> list[str]:
     """The layers that changed the outgoing view, in order, once each."""
     out: list[str] = []

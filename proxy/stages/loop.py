@@ -36,7 +36,7 @@ from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Earlier, Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
-from proxy.planning.outcome import CompactionOutcome, Layer, retry_detail
+from proxy.planning.outcome import CompactionOutcome, Layer, done_words, retry_detail
 from proxy.planning.transcript import (
     content_text,
     detect_language,
@@ -214,7 +214,7 @@ class LoopStage:
         new = await self._store(ex, policy, plan, result, turn_hash, hashes)
         outcome = self._outcome(ex, plan, state, new, result, before, start)
         await self._audit(ex, plan, outcome, result.model, self._chars(ex, plan, state, new))
-        await ex.notify("recap compacted")
+        await ex.notify(done_words(outcome))
         return new, outcome
 
     @staticmethod

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import Config, Tenant
+from proxy.dialects.named import dialect_named
 from proxy.errors import BadRequest, CompactionFailed, Conflict, NotFound
 from proxy.history.measure import Measure
 from proxy.history.messages import classify
@@ -78,6 +79,9 @@ async def compact_now(
         conversation=conv,
         headers={"authorization": authorization} if authorization else {},
         body={"model": model, "messages": messages},
+        messages=messages,
+        # The summarizer asks in the API the conversation's requests came in.
+        dialect=dialect_named(request.get("dialect")),
         classification=classify(messages),
         context_window=config.context_window(model if isinstance(model, str) else None),
         control="force",

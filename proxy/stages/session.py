@@ -32,7 +32,7 @@ from proxy.pipeline import Exchange
 from proxy.planning.budget import TranscriptBudget, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Earlier, Seen
-from proxy.planning.outcome import CompactionOutcome, Layer, retry_detail
+from proxy.planning.outcome import CompactionOutcome, Layer, done_words, retry_detail
 from proxy.planning.session import (
     AppliedSummary,
     SessionPlan,
@@ -256,7 +256,7 @@ class SessionStage:
                     extra={"request_id": ex.request_id},
                 )
             else:
-                await ex.notify("recap compacted")
+                await ex.notify(done_words(outcome))
             return run.applied, outcome
 
     async def _summarize(

@@ -27,6 +27,8 @@ from proxy.stages.audit import audit
 from proxy.store.base import CompactionRecord, Store
 
 log = logging.getLogger("recap.trim")
+# The last resort has its own logger: an operator filters its warnings apart from trim's.
+fit_log = logging.getLogger("recap.fit")
 
 
 class TrimStage:
@@ -111,10 +113,10 @@ class FitToWindow:
         )
         ex.response_headers["x-recap-dropped-messages"] = str(dropped)
         ex.response_headers["x-recap-dropped-reason"] = DROP_REASONS[reason]
-        log.warning(
+        fit_log.warning(
             "view over the window after every layer: dropped %d oldest raw messages (%s)",
             dropped,
-            DROP_REASONS[reason],
+            why_dropped(ex, reason),
             extra={"request_id": ex.request_id},
         )
 
@@ -123,6 +125,7 @@ class FitToWindow:
 DROP_REASONS = {
     "summary_failed": "a summary failed, so the history could not be folded",
     "summaries_off": "summaries are switched off for this tenant or request",
+    "cooling_down": "summaries kept failing in this conversation and are paused for the cool-down",
     "raw_too_large": "what must stay raw (recent turns, the current turn) is over the window",
 }
 
@@ -131,9 +134,21 @@ def drop_reason(ex: Exchange) -> str:
     policy = ex.tenant.compaction
     if ex.compaction_failed:
         return "summary_failed"
+    if any(o.skip_reason == "circuit_open" for o in ex.outcomes):
+        return "cooling_down"
     if not (policy.session.enabled and policy.loop.enabled):
         return "summaries_off"
     return "raw_too_large"
+
+
+def why_dropped(ex: Exchange, reason: str) -> str:
+    """The drop's reason for the log, naming the compaction whose failure left the view over
+    the window, so the warning reads with the failure logged before it."""
+    failed = [o for o in ex.outcomes if o.action == "failed"]
+    if reason != "summary_failed" or not failed:
+        return DROP_REASONS[reason]
+    named = ", ".join(f"the {o.layer} summary failed ({o.failure or 'unknown'})" for o in failed)
+    return f"{named}, so the history could not be folded"
 
 
 def _chars(message: Message) -> int:

@@ -462,3 +462,29 @@ def test_a_long_loop_of_large_results_is_trimmed_with_placeholders(
     # The newest rounds are the client's own; the last block keeps its breakpoint.
     assert sent[-4:] == mark_last(history)[-4:]
     assert sent[-1]["content"][-1]["cache_control"] == EPHEMERAL
+
+
+def test_compact_now_on_a_messages_conversation_asks_in_the_messages_api(
+    compacting: Callable[..., str], fake: FakeMessages
+) -> None:
+    """An operator's "Compact now" on a Claude Code conversation: the summarizer is asked in
+    the Messages API, as the conversation's own requests were, not in Chat Completions (which
+    an Anthropic-only upstream does not serve)."""
+    url = compacting(
+        admin_keys=["admin-key"],
+        session={"min_new_tokens": 10**9, "trigger_ratio": 0.99, "recent_turns": 2},
+    )
+    system, messages = conversation(turns=30, marker="manual")
+    c = client(url, **{"x-claude-code-session-id": "manual-1"})
+    c.messages.create(model=MODEL, max_tokens=1000, system=system, messages=messages)
+    assert fake.message_requests("summarize") == []  # nothing compacted on its own
+    r = httpx.post(
+        f"{url}/v1/recap/conversations/manual-1/compact",
+        params={"tenant": "default"},
+        headers={"authorization": "Bearer admin-key"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert [q for q in fake.requests if q.path == "/v1/chat/completions"] == []
+    (asked,) = fake.message_requests("summarize")
+    assert asked.json["model"] == MODEL and fake.problems == []

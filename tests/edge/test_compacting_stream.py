@@ -8,6 +8,7 @@ byte, not the comment's.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -71,6 +72,12 @@ def test_a_stream_waiting_for_a_slow_summary_gets_keepalive_comments(
             if lines.count(": recap compacting") >= 2:
                 seen.set()
     assert seen.is_set()
-    compacted = lines.index(": recap compacted")
+    (done,) = [line for line in lines if line.startswith(": recap compacted")]
+    # The comment says what was done: the layer, what it folded, the tokens before and after.
+    assert re.fullmatch(
+        r": recap compacted: session, \d+ messages into one summary, [\d,]+ -> [\d,]+ tokens",
+        done,
+    ), done
+    compacted = lines.index(done)
     assert lines[:compacted].count(": recap compacting") >= 2
     assert lines[-1] == "data: [DONE]"

@@ -131,9 +131,10 @@ def test_unreachable_summarizer_forwards_uncompacted(
 
 
 def test_failed_summary_over_the_window_is_still_fitted(
-    upstream: tuple[SummarizerFake, str], start: Callable[..., str]
+    upstream: tuple[SummarizerFake, str], start: Callable[..., str], logs: LogCapture
 ) -> None:
-    """No summary, but the history is over the window: the last resort still fits it."""
+    """No summary, but the history is over the window: the last resort still fits it, and its
+    warning (logger `recap.fit`) names the compaction whose failure left it there."""
     fake, url = upstream
     fake.answer = lambda body: Answer(status=503)
     proxy = start(url)
@@ -149,6 +150,32 @@ def test_failed_summary_over_the_window_is_still_fitted(
     assert check_history(forwarded) == []
     assert forwarded[0] == messages[0] and forwarded[-1] == messages[-1]
     assert counter.count_messages(forwarded, MODEL) <= WINDOW
+    (warning,) = logs.records("recap.fit")
+    assert warning["request_id"] == r.headers["x-recap-request-id"]
+    assert "the session summary failed (upstream status 503)" in warning["msg"], warning["msg"]
+    assert r.headers["x-recap-dropped-reason"].startswith("a summary failed")
+
+
+def test_a_drop_in_the_cool_down_says_so(
+    upstream: tuple[SummarizerFake, str], tmp_path: Path, logs: LogCapture
+) -> None:
+    """Over the window while the breaker is open: the drop's reason is the cool-down, not
+    "what must stay raw is over the window" (which was not why nothing was folded)."""
+    fake, url = upstream
+    fake.answer = lambda body: Answer(status=500)
+    config = compacting_config(
+        url, tmp_path, session={"failure_threshold": 1, "cooldown_s": COOLDOWN_S}
+    )
+    messages = history(70)
+    with serve(recap_app(config, clock=FakeClock())) as root:
+        proxy = root + "/v1"
+        assert post(proxy, messages, "cool").headers["x-recap-compaction"] == "failed"
+        r = post(proxy, messages, "cool")
+    assert fake.count() == 1, "the breaker is open: no second summarizer call"
+    assert int(r.headers["x-recap-dropped-messages"]) > 0
+    assert "cool-down" in r.headers["x-recap-dropped-reason"], r.headers
+    assert logs.access(2)[-1]["dropped_reason"] == "cooling_down"
+    assert "cool-down" in logs.records("recap.fit")[-1]["msg"]
 
 
 class FakeClock:
