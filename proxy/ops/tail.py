@@ -232,10 +232,21 @@ def request_line(f: Mapping[str, Any], style: Style = PLAIN) -> str:
     ]
     if any(timing):
         cells.append(style.dim(", ".join(t for t in timing if t)))
+    cached = _cached(f)  # -- cache --
+    if cached:
+        cells.append(style.dim(cached))
     problem = _problem(f, int(status) if status is not None else None)
     if problem:
         cells.append(style.bad(f"\u2014 {problem}"))
     return " ".join(c for c in cells if c).rstrip()
+
+
+def _cached(f: Mapping[str, Any]) -> str:
+    """The share of the input the upstream's prompt cache served, when its usage said."""
+    total, cached = _num(f.get(F.upstream_input_tokens)), _num(f.get(F.cached_input_tokens))
+    if not total or cached is None:
+        return ""
+    return f"cached {int(cached):,} of {int(total):,} ({cached / total:.0%})"
 
 
 def _layer_tokens(f: Mapping[str, Any], layer: str, before: str, after: str) -> str:
