@@ -226,11 +226,16 @@ def test_actions_on_another_tenant_are_not_found(site: Site) -> None:
 
 
 def test_compact_by_script_with_a_bearer_key(site: Site) -> None:
+    before = site.detail("a", CONV_A)
     r = httpx.post(
         site.url + "/recap/compact", data={"tenant": "a", "key": CONV_A}, headers=bearer(KEYS["a"])
     )
     assert r.status_code == 303, r.text
-    assert site.detail("a", CONV_A)["current_version"] == 2
+    after = site.detail("a", CONV_A)
+    assert after["current_version"] == 2
+    # One click, one compaction: one version, and the count moves by one.
+    assert after["compact_count"] == before["compact_count"] + 1
+    assert after["compactions_made"] == before["compactions_made"] + 1
     # Nothing new since: the JSON route's answer (409), as a page.
     r = httpx.post(
         site.url + "/recap/compact", data={"tenant": "a", "key": CONV_A}, headers=bearer(KEYS["a"])
