@@ -77,7 +77,8 @@ from benchmarks.metrics import Figures, Run, Step, Weigher, add_run
 from benchmarks.report import COLUMNS, Series, details, markdown, plots, verdicts
 from benchmarks.sessions import TAUBENCH, Session, chains, generate, load_taubench, singles
 from benchmarks.strategies import baselines
-from proxy.history.tokens import TokenCounter
+from proxy.history.tokens import REPLY_PRIMING_TOKENS, TokenCounter
+from proxy.stages.scenes import load_scene, packaged_scenes
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = "benchmarks.replay"
@@ -219,6 +220,93 @@ def recap_server(
 # -- the run --------------------------------------------------------------------------------
 
 
+# -- cache-riding: the summarizer's input in both styles -------------------------------------
+# Cached input is billed at this share of the full price (OpenAI and Anthropic: 10%).
+CACHED_PRICE = 0.1
+
+
+def riding_instruction_tokens(counter: TokenCounter) -> int:
+    """The cache-riding call's one instruction message: the session scene's own prompt (its
+    system and user templates, the transcript slot left empty), which names the first K
+    messages above as the part to summarise."""
+    scene = load_scene(packaged_scenes() / "session_compact.yaml", "session_compact")
+    return counter.count_text(scene.system + "\n" + scene.user, None)
+
+
+@dataclass
+class Riding:
+    """One strategy's summarizer input, as sent today (a transcript) and as a cache-riding
+    call would send it: the messages of the conversation's previous forwarded request, byte
+    for byte (a provider's prefix cache holds them), then one instruction message."""
+
+    compacting_steps: int = 0  # steps on which the summarizer was called
+    cold: int = 0  # of those, with no previous request to ride on (left in transcript style)
+    transcript_in: int = 0  # the summarizer input tokens the fake upstream received
+    riding_in: int = 0
+    riding_cached: int = 0  # the previous request's tokens: what the prefix cache covers
+
+    def add(self, run: Run, weigh: Weigher, instruction: int) -> None:
+        for i, step in enumerate(run.steps):
+            if not step.summarizer_calls:
+                continue
+            self.compacting_steps += 1
+            self.transcript_in += step.summarizer_in
+            if i == 0:
+                self.cold += 1
+                self.riding_in += step.summarizer_in
+                continue
+            prefix = weigh.request(run.steps[i - 1].sent) - REPLY_PRIMING_TOKENS
+            self.riding_in += prefix + instruction
+            self.riding_cached += prefix
+
+    def row(self, strategy: str) -> str:
+        def cost(total: int, cached: int) -> float:
+            return total - (1 - CACHED_PRICE) * cached
+
+        coverage = self.riding_cached / self.riding_in if self.riding_in else 0.0
+        base = cost(self.transcript_in, 0)
+        ratio = cost(self.riding_in, self.riding_cached) / base if base else 0.0
+        growth = self.riding_in / self.transcript_in if self.transcript_in else 0.0
+        return (
+            f"| {strategy} | {self.compacting_steps} ({self.cold} cold) | "
+            f"{self.transcript_in:,} | {self.riding_in:,} ({growth:.2f}x) | {coverage:.3f} | "
+            f"{ratio:.2f}x |"
+        )
+
+
+def riding_section(results: Results) -> str:
+    lines = [
+        "",
+        "## Summarizer input: transcript vs cache-riding",
+        "",
+        "Per input set and Recap variant: the summarizer input tokens as sent (a transcript of "
+        "the messages to summarise, not cached), and as a cache-riding call would send them "
+        "(the conversation's previous forwarded request, then one instruction message of "
+        f"{results.instruction} tokens: the session scene's prompt). Coverage: the share of "
+        "the cache-riding input a provider's prefix cache holds (the previous request). Cost: "
+        f"input cost with cached input at {CACHED_PRICE:.0%} of the price, as a ratio to the "
+        "transcript style's. A compacting step with no previous request (the first of a "
+        "conversation) stays in transcript style (cold). Token counts: Recap's estimate.",
+    ]
+    for input_set in results.sets:
+        ridings = results.riding[input_set.name]
+        if not ridings:
+            continue
+        lines += [
+            "",
+            f"### {input_set.title}",
+            "",
+            "| strategy | compacting steps | transcript input | cache-riding input "
+            "| prefix-cache coverage | cost (cached at 10%) vs transcript |",
+            "| --- | --- | --- | --- | --- | --- |",
+            *(r.row(name) for name, r in ridings.items()),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# -- end cache-riding --
+
+
 class Results:
     """Figures per input set and strategy, and the per-step series of the plotted session."""
 
@@ -228,10 +316,15 @@ class Results:
         self.figures: dict[str, dict[str, Figures]] = {s.name: {} for s in sets}
         self.series: list[Series] = []
         self.plotted = sets[0].sessions[0].id if sets else ""
+        self.instruction = riding_instruction_tokens(counter)
+        self.riding: dict[str, dict[str, Riding]] = {s.name: {} for s in sets}
 
     def add(self, strategy: str, input_set: InputSet, run: Run) -> None:
         fig = self.figures[input_set.name].setdefault(strategy, Figures(strategy))
         sent = add_run(fig, run, input_set.window, self.weigh)
+        if any(s.summarizer_calls for s in run.steps) or strategy in self.riding[input_set.name]:
+            riding = self.riding[input_set.name].setdefault(strategy, Riding())
+            riding.add(run, self.weigh, self.instruction)
         if run.session.id == self.plotted and input_set is self.sets[0]:
             summ = [s.summarizer_in + s.summarizer_out for s in run.steps]
             self.series.append(Series(strategy, sent, summ))
@@ -345,7 +438,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
                 results.add(baseline.name, s, run_baseline(baseline.apply, session, s.window))
         progress(f"  {baseline.name}: done")
     run_servers(args, sets, results, workdir)
-    text = report(args, argv, results, time.perf_counter() - started)
+    text = report(args, argv, results, time.perf_counter() - started) + riding_section(results)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

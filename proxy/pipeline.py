@@ -74,6 +74,9 @@ class Exchange:
     # Tokens the upstream counts beside the history (tool definitions), estimated: the
     # context_window is already less them; calibration and overflow add them back.
     fixed_tokens: int = 0
+    # The window configured for the model (models.NAME.context_window or the default),
+    # before calibration: shown beside `context_window` where an operator looks.
+    configured_window: int | None = None
     messages: list[Message] = field(default_factory=list)
     # The API the request speaks: where its history sits in `body`, how it is written back.
     dialect: Dialect = field(default_factory=ChatDialect)

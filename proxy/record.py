@@ -86,6 +86,12 @@ class RequestRecord:
     overflow: OverflowRetry | None = None
     remote: RemoteNote | None = None
     manual: ManualNote | None = None
+    # -- cache (prompt-cache reporting) --
+    # What the upstream's usage said of the forwarded request's input: all its input
+    # tokens, and those its prompt cache served (`dialects.base.CacheUsage`).
+    upstream_input_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    # -- end cache --
 
     def as_log(self) -> dict[str, Any]:
         """The access line's fields, by the names the log has always used (None: left
@@ -113,6 +119,10 @@ class RequestRecord:
             "tokens_before": self.tokens_before,
             "stage_errors": self.stage_errors or None,
             "archive_error": self.archive_error,
+            # -- cache --
+            "upstream_input_tokens": self.upstream_input_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            # -- end cache --
         }
         out.update(log_fields(self.outcomes))
         if self.overflow is not None:

@@ -145,6 +145,8 @@ class FakeResponses(FakeUpstream):
         self.count: Callable[[dict[str, Any]], int] = lambda body: (
             (len(json.dumps(body.get("input"))) + len(str(body.get("instructions") or ""))) // 4
         )
+        # What its prompt cache served of a request (`input_tokens_details.cached_tokens`).
+        self.cached: Callable[[dict[str, Any]], int] = lambda body: 0
         self._ids = count(1)
 
     def response_requests(self) -> list[Recorded]:
@@ -234,7 +236,7 @@ class FakeResponses(FakeUpstream):
             "truncation": "disabled",
             "usage": {
                 "input_tokens": tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": self.cached(body)},
                 "output_tokens": 7,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": tokens + 7,

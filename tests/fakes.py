@@ -45,7 +45,7 @@ class Reply:
     stall_after: int | None = None  # SSE: stop sending (but keep open) after N events
     reset_after: int | None = None  # SSE: drop the connection after N events
     gzip: bool = False
-    usage: dict[str, int] = field(
+    usage: dict[str, Any] = field(
         default_factory=lambda: {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     )
     raw: bytes | None = None  # answer these bytes as they are, with `status` and `headers`

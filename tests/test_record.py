@@ -67,7 +67,7 @@ def full_record() -> RequestRecord:
         CompactionOutcome(Layer.LOOP, "failed", failure="timeout"),
         CompactionOutcome(Layer.LOOP, "skipped", skip_reason="below_threshold"),
         CompactionOutcome(Layer.TRIM, "compacted", count=2, saved_chars=50, extra={"shortened": 1}),
-        CompactionOutcome(Layer.FIT, "compacted", count=2, extra={"reason": "raw_too_large"}),
+        CompactionOutcome(Layer.FIT, "dropped", count=2, extra={"reason": "raw_too_large"}),
     ]
     values = {
         f.name: f"v-{f.name}"

@@ -208,6 +208,10 @@ class Archiver:
                     # the client's messages the last resort dropped (not folded: lost to
                     # the model; the page tags them)
                     "dropped": ex.dropped,
+                    # the window the planners decided with (in Recap's tokens, calibrated
+                    # from usage, less the tool definitions) beside the configured one
+                    "window": ex.context_window,
+                    "configured_window": ex.configured_window,
                     "layers": ex.layers,
                     # What each layer did (the log line's `compactions`), from the
                     # typed outcomes; the session summary now applied, if any.

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
+from proxy.dialects.base import cache_usage
 from proxy.errors import BadRequest, Conflict, NotFound
 from proxy.store.base import (
     CompactionRecord,
@@ -139,7 +140,21 @@ async def view(store: Store, conv: ConversationRef) -> dict[str, Any]:
         "event_id": event.id,
         "created_at": event.created_at,
         **{k: payload.get(k) for k in _VIEW_FIELDS},
+        **await _cache_of(store, conv, payload.get("request_id")),
         "messages": await archived(store, conv, sent),
+    }
+
+
+async def _cache_of(store: Store, conv: ConversationRef, request_id: Any) -> dict[str, Any]:
+    """What the upstream's usage said of that request's input (null until its answer is
+    archived, or when the answer carried no usage): all of it, and what its prompt
+    cache served."""
+    response = await store.last_event(conv, "response")
+    same = response is not None and response.payload.get("request_id") == request_id
+    cache = cache_usage(response.payload.get("usage")) if response and same else None
+    return {
+        "upstream_input_tokens": cache.input_tokens if cache else None,
+        "cached_input_tokens": cache.cached_tokens if cache else None,
     }
 
 

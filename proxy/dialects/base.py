@@ -70,6 +70,46 @@ class SummaryAnswer:
     model: str | None
 
 
+@dataclass(frozen=True)
+class CacheUsage:
+    """What an answer's usage says of its input: all of it, and what the prompt cache served."""
+
+    input_tokens: int
+    cached_tokens: int
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def cache_usage(usage: Any) -> CacheUsage | None:
+    """The input and cached-input tokens of a usage object in any of the three APIs.
+
+    Chat: `prompt_tokens` and `prompt_tokens_details.cached_tokens`. Responses:
+    `input_tokens` and `input_tokens_details.cached_tokens`. Messages: `input_tokens`
+    counts only the uncached, unwritten part, so the input is it plus
+    `cache_read_input_tokens` and `cache_creation_input_tokens`, and only the read part
+    is cached (a cache write is billed above the base price, not served from cache).
+    None when the usage names no input tokens."""
+    if not isinstance(usage, Mapping):
+        return None
+    prompt = _int(usage.get("prompt_tokens"))
+    if prompt is not None:
+        details = usage.get("prompt_tokens_details")
+        cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+        return CacheUsage(prompt, cached or 0)
+    given = _int(usage.get("input_tokens"))
+    if given is None:
+        return None
+    read = _int(usage.get("cache_read_input_tokens"))
+    written = _int(usage.get("cache_creation_input_tokens"))
+    if read is not None or written is not None:
+        return CacheUsage(given + (read or 0) + (written or 0), read or 0)
+    details = usage.get("input_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+    return CacheUsage(given, cached or 0)
+
+
 class SummaryCall(Protocol):
     """The summarizer's own model call in one API: one non-streamed request and its answer.
 

@@ -27,7 +27,7 @@ from collections.abc import Awaitable
 import httpx
 
 from proxy.config import Tenant
-from proxy.dialects.base import Dialect, Recorder
+from proxy.dialects.base import Dialect, Recorder, cache_usage
 from proxy.dialects.chat import ChatDialect
 from proxy.edge.answer import relay, sse_notifier
 from proxy.edge.body import Incoming
@@ -140,3 +140,6 @@ class CompactingRoute(Route):
             answer = {"status": response.status_code} | recorder.result()
             state.archiver.finish(exchange, answer)
             calibrate(state, exchange, answer)
+            if answer.get("status") == 200 and (cache := cache_usage(answer.get("usage"))):
+                exchange.record.upstream_input_tokens = cache.input_tokens
+                exchange.record.cached_input_tokens = cache.cached_tokens

@@ -107,6 +107,7 @@ async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incomin
             1, state.calibration.window(tenant.name, model, config.context_window(model)) - fixed
         ),
         fixed_tokens=fixed,
+        configured_window=config.context_window(model),
         measure=measure,
         control=control_of(call.headers),
         body_bytes=len(incoming.decoded),

@@ -7,8 +7,9 @@ outcomes the stages reported (layer, action, trigger, summarizer tokens, ...). O
 tests build as many apps as they like.
 
 Labels are low-cardinality by construction: a route name (not the path), the HTTP
-status, the classification, a layer, an outcome, an error code. Never a tenant,
-a conversation or a key. `/healthz`, `/readyz` and `/metrics` are not counted.
+status, the classification, a layer, an outcome, an error code. Never a conversation or
+a key; a tenant only on the prompt-cache token counters (configured names, a bounded
+set). `/healthz`, `/readyz` and `/metrics` are not counted.
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ def compactions_of(record: RequestRecord) -> list[tuple[str, str]]:
     outcomes; an applied stored summary or a skip is no attempt."""
     out: list[tuple[str, str]] = []
     for o in record.outcomes:
-        if o.action not in ("compacted", "failed"):
+        if o.action not in ("compacted", "failed", "dropped"):
             continue
         layer = o.layer
         if o.layer == Layer.SESSION and o.trigger == "forced":
             layer = Layer.MANUAL  # a forced compaction (x-recap-compaction: force) is audited so
-        out.append((str(layer), "failed" if o.action == "failed" else "ok"))
+        outcome = {"failed": "failed", "dropped": "dropped"}.get(o.action, "ok")
+        out.append((str(layer), outcome))
     if record.manual is not None:  # the operator's compact route
         out.append((Layer.MANUAL.value, record.manual.status))
     return out
@@ -133,6 +135,23 @@ class Metrics:
             registry=r,
         )
 
+        # -- cache (prompt-cache reporting) --
+        # By tenant: tenant names come from the configuration (a bounded set), never from
+        # a request, so the label stays low-cardinality.
+        self.upstream_reported_input = Counter(
+            "recap_upstream_reported_input_tokens",
+            "Input tokens of the forwarded requests, as the upstream's usage reported them.",
+            ["tenant", "route"],
+            registry=r,
+        )
+        self.cached_input = Counter(
+            "recap_upstream_cached_input_tokens",
+            "Of those, the input tokens the upstream's prompt cache served (cache reads).",
+            ["tenant", "route"],
+            registry=r,
+        )
+        # -- end cache --
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -168,6 +187,10 @@ class Metrics:
             self.errors.labels(record.error).inc()
         for entry in record.stage_errors:
             self.stage_errors.labels(entry.split(":", 1)[0]).inc()
+        if record.upstream_input_tokens is not None:  # -- cache --
+            labels = (record.tenant or "", route)
+            self.upstream_reported_input.labels(*labels).inc(record.upstream_input_tokens)
+            self.cached_input.labels(*labels).inc(record.cached_input_tokens or 0)
         if record.remote is not None:
             reused = record.remote.reused
             self.remote_compactions.labels(

@@ -134,7 +134,7 @@ def layers(f: Mapping[str, Any]) -> list[str]:
         out: list[str] = []
         for c in found:
             layer = str(c.get(F.c_layer))
-            if c.get(F.c_action) in ("compacted", "applied") and layer not in out:
+            if c.get(F.c_action) in ("compacted", "applied", "dropped") and layer not in out:
                 out.append(layer)
         return out
     if isinstance(named, list):
@@ -232,10 +232,21 @@ def request_line(f: Mapping[str, Any], style: Style = PLAIN) -> str:
     ]
     if any(timing):
         cells.append(style.dim(", ".join(t for t in timing if t)))
+    cached = _cached(f)  # -- cache --
+    if cached:
+        cells.append(style.dim(cached))
     problem = _problem(f, int(status) if status is not None else None)
     if problem:
         cells.append(style.bad(f"\u2014 {problem}"))
     return " ".join(c for c in cells if c).rstrip()
+
+
+def _cached(f: Mapping[str, Any]) -> str:
+    """The share of the input the upstream's prompt cache served, when its usage said."""
+    total, cached = _num(f.get(F.upstream_input_tokens)), _num(f.get(F.cached_input_tokens))
+    if not total or cached is None:
+        return ""
+    return f"cached {int(cached):,} of {int(total):,} ({cached / total:.0%})"
 
 
 def _layer_tokens(f: Mapping[str, Any], layer: str, before: str, after: str) -> str:
@@ -352,7 +363,7 @@ def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[
         if skip in NOTABLE_SKIPS or (code == "forced" and skip):
             return name, [f"skipped: {words(skip)}"], skip in NOTABLE_SKIPS
         return None
-    if action != "compacted":
+    if action not in ("compacted", "dropped"):
         return None
     count, covers = _num(c.get(F.c_count)), _num(c.get(F.c_covers))
     if layer == Layer.SESSION:
@@ -384,8 +395,12 @@ def outcome_line(c: Mapping[str, Any], f: Mapping[str, Any]) -> tuple[str, list[
         )
     if layer == Layer.FIT:
         reason = c.get(F.c_reason)
-        what = f"dropped the {_tokens(count)} oldest messages to fit the window"
-        return name, [what + (f" ({words(reason)})" if reason else "")], False
+        what = f"DROPPED the {_tokens(count)} oldest messages to fit the window"
+        return (
+            name,
+            [what + (f" ({words(reason)})" if reason else "")],
+            True,
+        )
     return name, [words(action), tokens, ms], False
 
 

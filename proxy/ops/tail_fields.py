@@ -36,6 +36,10 @@ class F:
     # skipped, failed), trigger, skip_reason, failure, version, tokens_before, tokens_after,
     # duration_ms, count, covers, saved_chars, ... Older logs lack it: the flat fields below.
     compactions = "compactions"
+    # -- cache: what the upstream's usage reported, and what its prompt cache served --
+    upstream_input_tokens = "upstream_input_tokens"
+    cached_input_tokens = "cached_input_tokens"
+    # -- end cache --
     overhead_ms = "overhead_ms"
     total_ms = "total_ms"
     upstream_status = "upstream_status"

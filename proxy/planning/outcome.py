@@ -30,7 +30,9 @@ class Layer(StrEnum):
     REMOTE = "remote"  # Codex remote compaction answered by Recap
 
 
-Action = Literal["compacted", "applied", "skipped", "failed"]
+# "dropped": the last resort (fit) dropped the oldest raw messages: the view changed, and
+# messages were lost to it (every surface shows it apart from a compaction, in red).
+Action = Literal["compacted", "applied", "skipped", "failed", "dropped"]
 
 # Skip reasons in words, for users (x-recap-compaction-skipped, the manual route).
 SKIP_WORDS = {
@@ -90,7 +92,7 @@ class CompactionOutcome:
 
     @property
     def changed_view(self) -> bool:
-        return self.action in ("compacted", "applied")
+        return self.action in ("compacted", "applied", "dropped")
 
     def as_log(self) -> dict[str, Any]:
         """This outcome for the JSON log line's `compactions` list (absent fields left out)."""
@@ -185,7 +187,7 @@ def log_fields(outcomes: Sequence[CompactionOutcome]) -> dict[str, Any]:
             out.update(trimmed_results=o.count, trimmed_chars_saved=o.saved_chars)
             if o.extra.get("shortened"):
                 out["shortened_messages"] = o.extra["shortened"]
-        elif o.layer == Layer.FIT and o.action == "compacted":
+        elif o.layer == Layer.FIT and o.action == "dropped":
             out.update(dropped_messages=o.count, dropped_reason=o.extra.get("reason"))
     if tokens_in or tokens_out:
         out.update(summarizer_tokens_in=tokens_in, summarizer_tokens_out=tokens_out)

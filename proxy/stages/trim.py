@@ -111,9 +111,7 @@ class FitToWindow:
         )
         ex.dropped = [ex.measure.fingerprint(m) for m in ex.messages if id(m) not in kept]
         ex.messages = messages
-        ex.report(
-            CompactionOutcome(Layer.FIT, "compacted", count=dropped, extra={"reason": reason})
-        )
+        ex.report(CompactionOutcome(Layer.FIT, "dropped", count=dropped, extra={"reason": reason}))
         ex.response_headers["x-recap-dropped-messages"] = str(dropped)
         ex.response_headers["x-recap-dropped-reason"] = DROP_REASONS[reason]
         fit_log.warning(

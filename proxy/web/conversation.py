@@ -263,6 +263,18 @@ def _request_link(v: ConversationView, p: RequestPoint) -> str:
     return conversation_url(v.tenant, v.key, request=p.event_id) + "#saw"
 
 
+def _window(p: RequestPoint) -> Html:
+    """The window the planners decided with beside the configured one: calibration from the
+    upstream's usage (and the tool definitions) can make it smaller."""
+    if p.window is None:
+        return Html("")
+    return render(
+        ' · <span id="window">window {w} tokens (configured {c})</span>',
+        w=number(p.window),
+        c=number(p.configured_window),
+    )
+
+
 def _saw(v: ConversationView) -> Html:
     if v.chosen_error:
         return render('<p class="error">{e}</p>', e=v.chosen_error)
@@ -272,13 +284,14 @@ def _saw(v: ConversationView) -> Html:
     client_fps = {fp for fp, _ in c.client}
     sent_fps = {fp for fp, _ in c.sent}
     meta = render(
-        "<p>Request <b>{id}</b> · {when} · {cl} · layers: {layers} · {a} → {b} tokens</p>",
+        "<p>Request <b>{id}</b> · {when} · {cl} · layers: {layers} · {a} → {b} tokens{w}</p>",
         id=c.point.request_id or c.point.event_id,
         when=when(c.point.created_at),
         cl=c.point.classification,
         layers=c.point.shaped_by or "none",
         a=number(c.point.tokens_client),
         b=number(c.point.tokens_sent),
+        w=_window(c.point),
     )
     return render(
         '{meta}<div class="sides"><div id="model-saw"><h3>What the model saw ({n} messages)</h3>'

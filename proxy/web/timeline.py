@@ -35,6 +35,10 @@ class RequestPoint:
     tokens_sent: int | None
     # The session summary version the request was sent with (made or applied), if any.
     summary_version: int | None = None
+    # The window the planners used (calibrated from usage, in Recap's tokens, less the tool
+    # definitions) and the configured one, when the archive recorded them.
+    window: int | None = None
+    configured_window: int | None = None
 
     @property
     def shaped_by(self) -> str:
@@ -92,6 +96,8 @@ def point(event: Event) -> RequestPoint:
         tokens_client=_int(p.get("tokens_before")),
         tokens_sent=_int(p.get("tokens_after")),
         summary_version=_int(p.get("summary_version")),
+        window=_int(p.get("window")),
+        configured_window=_int(p.get("configured_window")),
     )
 
 

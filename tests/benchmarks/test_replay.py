@@ -385,3 +385,23 @@ def test_the_fake_relays_summaries_to_a_real_model_as_they_come(status: int) -> 
     else:
         assert r.json()["error"]["message"] == "fake error"
         assert log == [{"kind": "summarize", "status": status, "input": 0, "output": 0}]
+
+
+def test_cache_riding_figures_ride_on_the_previous_request() -> None:
+    from benchmarks.replay import Riding
+
+    history: list[Any] = [{"role": "user", "content": f"turn {i} " * 40} for i in range(4)]
+    steps = [
+        Step(index=2, sent=history[:2]),
+        Step(index=4, sent=history[:4], summarizer_calls=1, summarizer_in=500),
+    ]
+    weigh = Weigher(TokenCounter())
+    riding = Riding()
+    riding.add(Run(session=None, steps=steps), weigh, instruction=100)  # type: ignore[arg-type]
+    prefix = sum(weigh.message(m) for m in history[:2])
+    assert (riding.compacting_steps, riding.cold, riding.transcript_in) == (1, 0, 500)
+    assert (riding.riding_in, riding.riding_cached) == (prefix + 100, prefix)
+    # The first request of a conversation has nothing to ride on: it stays a transcript.
+    cold = Riding()
+    cold.add(Run(session=None, steps=steps[1:]), weigh, instruction=100)  # type: ignore[arg-type]
+    assert (cold.cold, cold.riding_in, cold.riding_cached) == (1, 500, 0)

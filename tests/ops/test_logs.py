@@ -248,7 +248,7 @@ def test_tail_reads_each_layer_from_the_compactions_list() -> None:
             {"layer": "trim", "action": "compacted", "count": 2, "saved_chars": 12000},
             {
                 "layer": "fit_to_window",
-                "action": "compacted",
+                "action": "dropped",
                 "count": 4,
                 "reason": "summary_failed",
             },
@@ -259,7 +259,7 @@ def test_tail_reads_each_layer_from_the_compactions_list() -> None:
     assert [n.strip().removeprefix("\u21b3 ") for n in notes] == [
         "loop     FAILED (tool loop too large), timeout, sent as it came",
         "trim     2 tool results trimmed, 12,000 chars saved",
-        "fit      dropped the 4 oldest messages to fit the window (summary failed)",
+        "fit      DROPPED the 4 oldest messages to fit the window (summary failed)",
     ]
     forced = {
         "logger": "recap.access",
@@ -318,3 +318,19 @@ def test_a_refused_request_shows_its_path() -> None:
     line = tail_render(record)
     assert "401 - " in line and "POST /v1/chat/completions" in line
     assert line.endswith("total 0.5 ms \u2014 invalid proxy key")
+
+
+def test_tail_shows_the_share_the_prompt_cache_served() -> None:
+    record = {
+        "ts": "2026-12-01T10:00:01.000Z",
+        "logger": "recap.access",
+        "status": 200,
+        "model": "m",
+        "total_ms": 12.0,
+        "upstream_input_tokens": 1000,
+        "cached_input_tokens": 768,
+    }
+    assert "total 12.0 ms cached 768 of 1,000 (77%)" in tail_render(record)
+    # No usage, no claim about the cache.
+    del record["upstream_input_tokens"], record["cached_input_tokens"]
+    assert "cached" not in tail_render(record)

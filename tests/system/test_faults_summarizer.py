@@ -150,6 +150,9 @@ def test_failed_summary_over_the_window_is_still_fitted(
     assert check_history(forwarded) == []
     assert forwarded[0] == messages[0] and forwarded[-1] == messages[-1]
     assert counter.count_messages(forwarded, MODEL) <= WINDOW
+    # Every surface tells it apart from a compaction: the log line's outcome is `dropped`.
+    (fit,) = [c for c in logs.access()[-1]["compactions"] if c["layer"] == "fit_to_window"]
+    assert fit["action"] == "dropped" and fit["count"] > 0
     (warning,) = logs.records("recap.fit")
     assert warning["request_id"] == r.headers["x-recap-request-id"]
     assert "the session summary failed (upstream status 503)" in warning["msg"], warning["msg"]

@@ -22,6 +22,8 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.fakes import Reply
+from tests.faults import history
 from tests.web.conftest import CONV_A, CONV_B, KEYS, SCRIPT, Site
 
 CHROMIUM = "/usr/bin/chromium"
@@ -170,6 +172,19 @@ def test_login_list_conversation_compact_rollback(
     browser.execute_script("window.scrollTo(0, 0)")
     assert browser.save_screenshot(str(shot))
     assert shot.read_bytes().startswith(PNG)
+
+    # A drop: the summarizer down and a history over the window. The timeline's row is red
+    # `dropped`, and the messages the last resort dropped are tagged in what the client sent.
+    site.upstream.summarize = lambda body: Reply(status=503, error={"error": {"message": "x"}})
+    site.chat("b", "dropping", history(turns=70, marker="drop"))
+    site.wait_archived("b", "dropping", 1)
+    browser.get(f"{site.url}/recap/conversation?tenant=b&key=dropping")
+    row = browser.find_element(By.CSS_SELECTOR, "#timeline tr.dropped")
+    assert "fit_to_window" in row.text and "dropped" in row.text
+    red = row.find_element(By.CSS_SELECTOR, "td.outcome").value_of_css_property("color")
+    assert red in ("rgba(207, 34, 46, 1)", "rgb(207, 34, 46)"), red
+    sent = browser.find_element(By.ID, "client-sent")
+    assert sent.find_elements(By.CSS_SELECTOR, ".msg.dropped .tag.dropped")
 
     # A tenant's proxy key sees its own tenant only, even given another's exact URL.
     follow(browser, browser.find_element(By.CSS_SELECTOR, "header form button"))  # Log out

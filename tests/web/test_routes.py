@@ -16,7 +16,7 @@ import pytest
 
 from proxy.config import parse_config
 from tests.fakes import Reply
-from tests.faults import history
+from tests.faults import WINDOW, history
 from tests.servers import recap_app, serve
 from tests.web.conftest import ADMIN, CONV_A, CONV_B, KEYS, SCRIPT, Site, bearer
 
@@ -226,11 +226,16 @@ def test_actions_on_another_tenant_are_not_found(site: Site) -> None:
 
 
 def test_compact_by_script_with_a_bearer_key(site: Site) -> None:
+    before = site.detail("a", CONV_A)
     r = httpx.post(
         site.url + "/recap/compact", data={"tenant": "a", "key": CONV_A}, headers=bearer(KEYS["a"])
     )
     assert r.status_code == 303, r.text
-    assert site.detail("a", CONV_A)["current_version"] == 2
+    after = site.detail("a", CONV_A)
+    assert after["current_version"] == 2
+    # One click, one compaction: one version, and the count moves by one.
+    assert after["compact_count"] == before["compact_count"] + 1
+    assert after["compactions_made"] == before["compactions_made"] + 1
     # Nothing new since: the JSON route's answer (409), as a page.
     r = httpx.post(
         site.url + "/recap/compact", data={"tenant": "a", "key": CONV_A}, headers=bearer(KEYS["a"])
@@ -361,3 +366,22 @@ def test_a_drop_is_red_and_tagged_and_compactions_count_every_layer(site: Site) 
     row = listing.split("dropping</a>")[1].split("</tr>")[0]
     assert re.findall(r'<td class="num">([\d,]+)</td>', row)[1] == "0", row
     assert before["compactions_made"] >= 1
+
+
+def test_the_window_a_decision_used_is_shown_beside_the_configured_one(site: Site) -> None:
+    """An upstream that counts twice Recap's tokens: the next request is planned on about
+    half the configured window, and the page says so for that request."""
+    admin = logged_in(site, ADMIN)
+    configured = WINDOW
+    site.upstream.script(
+        [Reply(usage={"prompt_tokens": 40_000, "completion_tokens": 5, "total_tokens": 40_005})]
+    )
+    messages = history(turns=8, marker="calibrate")
+    site.chat("a", "calibrated", messages)
+    site.chat("a", "calibrated", messages)
+    site.wait_archived("a", "calibrated", 2)
+    text = page(admin, "a", "calibrated").text
+    shown = re.search(r'<span id="window">window ([\d,]+) tokens \(configured ([\d,]+)\)', text)
+    assert shown is not None, text
+    used, conf = (int(x.replace(",", "")) for x in shown.groups())
+    assert conf == configured and used < configured, shown.group(0)
