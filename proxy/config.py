@@ -146,6 +146,9 @@ class Tenant:
     # items): "recap" answers it from Recap's own summaries on any upstream; "passthrough"
     # forwards it untouched, for an upstream that is OpenAI itself (docs/codex.md).
     remote_compaction: Literal["recap", "passthrough"] = "recap"
+    # Share (0..1) of this tenant's conversations held out of compaction, chosen by a stable
+    # hash of tenant + conversation key (proxy/planning/cohort.py; docs/holdout.md).
+    holdout: float = 0.0
 
     @property
     def is_open(self) -> bool:
@@ -293,6 +296,7 @@ BOUNDS: Mapping[tuple[type, str], Bound] = {
     (Summarizer, "context_window"): Bound(2048, 10**7),
     (Summarizer, "guard_max_share"): _SHARE,
     (Model, "context_window"): _AT_LEAST_1,
+    (Tenant, "holdout"): _SHARE,
     (Config, "max_body_bytes"): _AT_LEAST_1,
     (Config, "default_context_window"): _AT_LEAST_1,
     (Archive, "prune_interval_s"): _POSITIVE,

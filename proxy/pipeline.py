@@ -74,6 +74,9 @@ class Exchange:
     # Tokens the upstream counts beside the history (tool definitions), estimated: the
     # context_window is already less them; calibration and overflow add them back.
     fixed_tokens: int = 0
+    # Held out of compaction by the tenant's holdout (planning.cohort): `control` is "off",
+    # and the overflow recovery still runs when the upstream refuses the request.
+    held_out: bool = False
     # The window configured for the model (models.NAME.context_window or the default),
     # before calibration: shown beside `context_window` where an operator looks.
     configured_window: int | None = None

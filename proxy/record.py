@@ -92,6 +92,9 @@ class RequestRecord:
     upstream_input_tokens: int | None = None
     cached_input_tokens: int | None = None
     # -- end cache --
+    # The conversation's cohort when its tenant runs a holdout (planning.cohort.Cohort's
+    # value: "holdout" is never compacted, "compacted" is); None without a holdout.
+    cohort: str | None = None
 
     def as_log(self) -> dict[str, Any]:
         """The access line's fields, by the names the log has always used (None: left
@@ -123,6 +126,7 @@ class RequestRecord:
             "upstream_input_tokens": self.upstream_input_tokens,
             "cached_input_tokens": self.cached_input_tokens,
             # -- end cache --
+            "cohort": self.cohort,
         }
         out.update(log_fields(self.outcomes))
         if self.overflow is not None:

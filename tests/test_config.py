@@ -157,6 +157,8 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
             {"tenants": {"a": {"summarizer": {"context_window": 10**8}}}},
             "tenants.a.summarizer.context_window",
         ),
+        ({"tenants": {"a": {"holdout": 1.5}}}, "tenants.a.holdout"),
+        ({"tenants": {"a": {"holdout": -0.1}}}, "tenants.a.holdout"),
     ],
 )
 def test_out_of_range_numbers_rejected_by_name(data: dict, name: str) -> None:
@@ -240,3 +242,9 @@ def test_the_shipped_config_hints_parse_when_uncommented() -> None:
         value = yaml.safe_load(line)[key]
         if not indent:
             parse_config({key: value}, env={"RECAP_ADMIN_KEY": "an-admin-key-0123"})
+
+
+def test_holdout_share_loads_with_default_zero() -> None:
+    cfg = parse_config({"tenants": {"a": {}, "b": {"api_keys": ["k"], "holdout": 0.5}}}, env={})
+    assert cfg.tenants["a"].holdout == 0.0
+    assert cfg.tenants["b"].holdout == 0.5

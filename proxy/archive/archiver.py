@@ -208,6 +208,8 @@ class Archiver:
                     # the client's messages the last resort dropped (not folded: lost to
                     # the model; the page tags them)
                     "dropped": ex.dropped,
+                    # the holdout cohort (None when the tenant runs none)
+                    "cohort": ex.record.cohort,
                     # the window the planners decided with (in Recap's tokens, calibrated
                     # from usage, less the tool definitions) beside the configured one
                     "window": ex.context_window,

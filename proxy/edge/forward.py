@@ -95,7 +95,7 @@ async def recover(
         await response.aclose()
         raise
     overflow = None
-    if rest is None and exchange.control != "off":
+    if rest is None and (exchange.control != "off" or exchange.held_out):
         overflow = detect(response.status_code, body, response.headers.get("content-encoding", ""))
     if overflow is None:
         return replayed(response, body, rest), exchange, committed

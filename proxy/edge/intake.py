@@ -22,6 +22,7 @@ from proxy.history.identity import conversation_ref
 from proxy.history.measure import Measure
 from proxy.history.messages import classify, json_bytes
 from proxy.pipeline import Control, Exchange
+from proxy.planning.cohort import Cohort, cohort_of
 from proxy.stages.offload import off_loop
 
 log = logging.getLogger("recap.chat")
@@ -89,6 +90,12 @@ async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incomin
         ),
     )
     model = body.get("model") if isinstance(body.get("model"), str) else None
+    control = control_of(call.headers)
+    held_out = False
+    if tenant.holdout > 0:
+        cohort = cohort_of(tenant.name, conv.key, tenant.holdout)
+        record.cohort = cohort.value
+        held_out = cohort is Cohort.HOLDOUT
     fixed = tool_tokens(body)
     measure = Measure(state.counter, model)
     measure.bound_by(view.messages, len(incoming.decoded))
@@ -109,12 +116,17 @@ async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incomin
         fixed_tokens=fixed,
         configured_window=config.context_window(model),
         measure=measure,
-        control=control_of(call.headers),
+        # A held-out conversation goes as it came: no layer runs (the last resort included);
+        # only an upstream's refusal for overflow is recovered (edge/forward.py).
+        control="off" if held_out else control,
+        held_out=held_out and control != "off",
         body_bytes=len(incoming.decoded),
         record=record,
         client_history=call.scope.get(CLIENT_HISTORY),
     )
     record.conversation = conv.key
+    if record.cohort is not None:
+        exchange.response_headers["x-recap-cohort"] = record.cohort
     record.model = model
     record.classification = exchange.classification.value
     record.messages = len(view.messages)

@@ -232,6 +232,8 @@ def request_line(f: Mapping[str, Any], style: Style = PLAIN) -> str:
     ]
     if any(timing):
         cells.append(style.dim(", ".join(t for t in timing if t)))
+    if f.get(F.cohort) == "holdout":  # -- holdout: never compacted, by the tenant's share --
+        cells.append(style.note("holdout"))
     cached = _cached(f)  # -- cache --
     if cached:
         cells.append(style.dim(cached))

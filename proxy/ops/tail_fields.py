@@ -36,6 +36,8 @@ class F:
     # skipped, failed), trigger, skip_reason, failure, version, tokens_before, tokens_after,
     # duration_ms, count, covers, saved_chars, ... Older logs lack it: the flat fields below.
     compactions = "compactions"
+    # The holdout cohort ("holdout" or "compacted") when the tenant runs a holdout.
+    cohort = "cohort"
     # -- cache: what the upstream's usage reported, and what its prompt cache served --
     upstream_input_tokens = "upstream_input_tokens"
     cached_input_tokens = "cached_input_tokens"

@@ -334,3 +334,9 @@ def test_tail_shows_the_share_the_prompt_cache_served() -> None:
     # No usage, no claim about the cache.
     del record["upstream_input_tokens"], record["cached_input_tokens"]
     assert "cached" not in tail_render(record)
+
+
+def test_tail_marks_a_held_out_request() -> None:
+    base = {"logger": "recap.access", "status": 200, "tenant": "t", "conversation": "c"}
+    assert "holdout" in tail_render({**base, "cohort": "holdout"}).split()
+    assert "holdout" not in tail_render({**base, "cohort": "compacted"}).split()
