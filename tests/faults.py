@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -339,3 +340,20 @@ def collecting(fake: FakeUpstream) -> Iterator[list[Any]]:
     out: list[Any] = []
     yield out
     out.extend(fake.chat_requests()[before:])
+
+
+def audit_rows(tmp_path: Path, key: str, at_least: int = 1) -> list[dict[str, Any]]:
+    """The conversation's audit rows in the SQLite store under `tmp_path`, once `at_least`
+    are written (they are written in the background, after the request is forwarded)."""
+    rows: list[dict[str, Any]] = []
+
+    def read() -> bool:
+        nonlocal rows
+        with sqlite3.connect(tmp_path / "recap.db") as db:
+            db.row_factory = sqlite3.Row
+            found = db.execute("SELECT * FROM compactions WHERE key = ? ORDER BY id", (key,))
+            rows = [dict(r) for r in found.fetchall()]
+        return len(rows) >= at_least
+
+    wait_until(read)
+    return rows

@@ -9,10 +9,8 @@ trim, fit), and the 6,000-character cap holding for what is forwarded, guard inc
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -23,33 +21,16 @@ from tests.faults import (
     MODEL,
     Answer,
     SummarizerFake,
+    audit_rows,
     compacting_data,
     history,
     post,
     summaries_in,
-    wait_until,
 )
 from tests.servers import recap_app, serve
 
 # The packaged default scenes (a tenant's scenes_dir replaces them).
 SCENES = Path(__file__).resolve().parents[2] / "scenes"
-
-
-def audit_rows(tmp_path: Path, key: str, at_least: int = 1) -> list[dict[str, Any]]:
-    """The conversation's audit rows, once `at_least` are written (they are written in the
-    background, after the request is forwarded)."""
-    rows: list[dict[str, Any]] = []
-
-    def read() -> bool:
-        nonlocal rows
-        with sqlite3.connect(tmp_path / "recap.db") as db:
-            db.row_factory = sqlite3.Row
-            found = db.execute("SELECT * FROM compactions WHERE key = ? ORDER BY id", (key,))
-            rows = [dict(r) for r in found.fetchall()]
-        return len(rows) >= at_least
-
-    wait_until(read)
-    return rows
 
 
 def test_tenant_scene_override_and_sampling_reach_the_summarizer(

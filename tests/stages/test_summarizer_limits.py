@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,10 @@ from tests.faults import (
     SUMMARY,
     Answer,
     SummarizerFake,
+    audit_rows,
     history,
     post,
     summaries_in,
-    wait_until,
 )
 
 COUNTER = TokenCounter()
@@ -37,23 +36,6 @@ CUT = (
     "<summary>\n## User Goal\nChange flight R00042.\n## Confirmed Facts\n"
     "Passenger Ana, gold member.\n## Decisions Made\nRebook on HAT1"
 )
-
-
-def audit_rows(tmp_path: Path, key: str, at_least: int = 1) -> list[dict[str, Any]]:
-    """The conversation's audit rows, once `at_least` are written (they are written in the
-    background, after the request is forwarded)."""
-    rows: list[dict[str, Any]] = []
-
-    def read() -> bool:
-        nonlocal rows
-        with sqlite3.connect(tmp_path / "recap.db") as db:
-            db.row_factory = sqlite3.Row
-            found = db.execute("SELECT * FROM compactions WHERE key = ? ORDER BY id", (key,))
-            rows = [dict(r) for r in found.fetchall()]
-        return len(rows) >= at_least
-
-    wait_until(read)
-    return rows
 
 
 def scripted(*answers: Answer) -> Callable[[dict[str, Any]], Answer]:
