@@ -27,10 +27,12 @@ Rules, and why:
   compact, fewer turns are kept (as many as still leave enough to compact; at least the
   current turn).
 - The window wins (`room`: the tokens the view may hold, the window less the answer's
-  reserve): raw recent turns that would leave the view over it are folded too (as few as
-  make it fit; at least the current turn stays), since the last resort would drop them
-  whole (seed 000 §14.4, §16.3). Over the room, the anti-loop and saving rules give way:
-  the fold still makes progress, and losing less than a dropped turn is the saving.
+  reserve), weighed as it is sent: the summary in its framed message, and the instructions
+  inside the covered part, which stay: raw recent turns that would leave the view over it
+  are folded too (as few as make it fit; at least the current turn stays), since the last
+  resort would drop them whole (seed 000 §14.4, §16.3). Over the room, the anti-loop and
+  saving rules give way: the fold still makes progress, and losing less than a dropped turn
+  is the saving.
 - Tool continuations (`continuation`) are planned for the window alone: a view over the
   room folds every turn before the running one (trigger "over_window"), so a long tool
   loop after short turns keeps what they said instead of losing them to the last resort;
@@ -42,8 +44,9 @@ Rules, and why:
   new history arrives, however large the raw tail that must stay. Skip reason "anti_loop":
   over the trigger, but too little history arrived since the summary's boundary
   ("too_few_messages" when there is no summary yet).
-- Saving: the slice's tokens minus the summary's estimated growth; the summary is assumed
-  to grow by the slice up to max_summary_chars (seed 002's min_saving_tokens).
+- Saving: the slice's tokens minus the summary's estimated growth (the first summary's
+  with its frame); the summary is assumed to grow by the slice up to max_summary_chars
+  (seed 002's min_saving_tokens).
 - Batches: at most max_batch_messages messages per summarizer call, max_rounds_per_request
   calls, and (with a `TranscriptBudget`) at most the transcript tokens the summarizer's
   context window leaves for one call (planning/budget.py). A batch ends before a
@@ -72,6 +75,8 @@ from proxy.config import SessionCompaction
 from proxy.history.conversation import turn_cut_points, valid_cut_points
 from proxy.history.messages import Message, is_pinned
 from proxy.planning.budget import TranscriptBudget
+from proxy.planning.framing import summary_message
+from proxy.planning.transcript import detect_language
 
 # Summaries are written to a character budget; this converts it to tokens for the saving
 # estimate (English prose; Chinese is denser, which only makes the estimate cautious).
@@ -134,10 +139,15 @@ def plan_session(
     covered = applied.covered if applied is not None else 0
     if not 0 <= covered <= len(body):
         raise ValueError(f"summary covers {covered} messages of a body of {len(body)}")
-    tokens = _Prefix([count(m) for m in body])
+    counts = [count(m) for m in body]
+    tokens = _Prefix(counts)
+    # The instructions inside the covered part stay in the view (session_view).
+    kept = _Prefix([n if is_pinned(m) else 0 for m, n in zip(body, counts, strict=True)])
     fixed = sum(count(m) for m in pinned)
     summary_tokens = count_text(applied.summary) if applied is not None else 0
-    before = fixed + summary_tokens + tokens.span(covered, len(body))
+    frame = _frame_tokens(body, applied, policy, count, count_text)
+    shown = frame + summary_tokens if applied is not None else 0
+    before = fixed + kept.span(0, covered) + shown + tokens.span(covered, len(body))
 
     def skip(reason: str, trigger: SessionTrigger | None = None) -> SessionPlan:
         return SessionPlan(applied, trigger, reason, (), covered, before, before)
@@ -164,7 +174,8 @@ def plan_session(
             # Keep fewer turns so the summary makes progress: as many as still leave enough.
             cut = next((c for c in cuts if c - covered >= needed), cuts[-1])
         if over_room and room is not None:
-            cut = _fitting(cuts, cut, covered, tokens, (fixed, summary_tokens), room, policy)
+            weights = (fixed, frame, summary_tokens)
+            cut = _fitting(cuts, cut, covered, (tokens, kept), weights, room, policy)
     slice_messages = cut - covered
     slice_tokens = tokens.span(covered, cut)
 
@@ -191,6 +202,8 @@ def plan_session(
             # Over the trigger, but too little history since the boundary to be worth a call.
             return skip("anti_loop" if applied is not None else "too_few_messages", trigger)
     growth = _summary_after(summary_tokens, slice_tokens, policy) - summary_tokens
+    if applied is None:
+        growth += frame  # the first summary brings its frame
     # Forced (manual) compaction means it, and over the room the window does: no saving
     # estimate stands in their way.
     if not (force or over_room) and slice_tokens - growth < policy.min_saving_tokens:
@@ -199,9 +212,8 @@ def plan_session(
     batches = _batches(body, covered, cut, policy, budget() if budget is not None else None)
     new_covered = batches[-1][1]
     done = tokens.span(covered, new_covered)
-    after = (
-        fixed + _summary_after(summary_tokens, done, policy) + tokens.span(new_covered, len(body))
-    )
+    grown = frame + _summary_after(summary_tokens, done, policy)
+    after = fixed + kept.span(0, new_covered) + grown + tokens.span(new_covered, len(body))
     return SessionPlan(applied, trigger, None, tuple(batches), new_covered, before, after)
 
 
@@ -285,23 +297,47 @@ def _fitting(
     cuts: list[int],
     cut: int,
     covered: int,
-    tokens: _Prefix,
-    fixed: tuple[int, int],
+    prefixes: tuple[_Prefix, _Prefix],
+    weights: tuple[int, int, int],
     room: int,
     policy: SessionCompaction,
 ) -> int:
-    """The first cut point from `cut` on whose view (`fixed`: the pinned messages' and the
-    applied summary's tokens; then the summary grown by the fold, and the raw rest) fits
-    `room`; the current turn's start when none does."""
+    """The first cut point from `cut` on whose view fits `room`; the current turn's start
+    when none does. The view: the pinned messages, the instructions in the folded part
+    (`prefixes`: every message's tokens, the instructions' only), the frame and the summary
+    grown by the fold (`weights`: pinned, frame, the applied summary's bare text), and the
+    raw rest."""
+    tokens, kept = prefixes
+    pinned, frame, summary = weights
     end = len(tokens.sums) - 1
-    pinned, summary = fixed
     for c in cuts:
         if c < cut:
             continue
-        grown = _summary_after(summary, tokens.span(covered, c), policy)
-        if pinned + grown + tokens.span(c, end) <= room:
+        grown = frame + _summary_after(summary, tokens.span(covered, c), policy)
+        if pinned + kept.span(0, c) + grown + tokens.span(c, end) <= room:
             return c
     return cuts[-1]
+
+
+def _frame_tokens(
+    body: Sequence[Message],
+    applied: AppliedSummary | None,
+    policy: SessionCompaction,
+    count: Callable[[Message], int],
+    count_text: Callable[[str], int],
+) -> int:
+    """What a summary's message weighs over its bare text: the framing text, the tags, the
+    message's own tokens. For the applied summary, exactly the message the stage sends
+    (`summary_message`, in the covered part's language); with none yet, the heavier of the
+    languages' frames, since the new summary's language is not known before the fold."""
+    if applied is not None:
+        language = detect_language(body[: applied.covered])
+        sent = summary_message(applied.summary, policy.summary_role, language, "session")
+        return max(count(sent) - count_text(applied.summary), 0)
+    return max(
+        count(summary_message("", policy.summary_role, language, "session"))
+        for language in ("English", "Chinese")
+    )
 
 
 def _summary_after(summary_tokens: int, added: int, policy: SessionCompaction) -> int:

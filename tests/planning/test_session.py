@@ -20,6 +20,7 @@ from proxy.config import SessionCompaction
 from proxy.history.conversation import tool_rounds, turn_cut_points, turn_starts, valid_cut_points
 from proxy.history.messages import Classification, Message, classify, split_pinned
 from proxy.history.tokens import TokenCounter
+from proxy.planning import framing
 from proxy.planning.session import (
     CHARS_PER_TOKEN,
     AppliedSummary,
@@ -221,7 +222,9 @@ def _gaps(turns: list[int]) -> list[int]:
 @pytest.mark.parametrize(
     ("system_words", "answer_words"),
     [
-        (3400, 20),  # the pinned prompt alone is over the trigger
+        # The pinned prompt alone is over the trigger; answers long enough that folding four
+        # turns saves more than the first summary's frame costs.
+        (3400, 200),
         (400, 2400),  # long answers: the recent turns alone are over it
     ],
 )
@@ -242,7 +245,10 @@ def test_no_compaction_loop_when_what_stays_raw_is_over_the_trigger(
     )
     turns, steps = _compaction_steps(conversation, policy)
     assert len(turns) >= 10  # it still makes progress
-    assert min(_gaps(turns)) >= 4  # 8 messages = 4 turns of new history each time
+    # Each fold consumes 8 messages (4 turns) of new history; the first may come late (when
+    # it first saves enough), and the next then as soon as 8 more messages are there.
+    assert all(steps[n].plan.new_covered - steps[n].plan.batches[0][0] >= 8 for n in turns)
+    assert min(_gaps(turns)[1:]) >= 4
     if system_words > 1000:
         # Over the trigger on every request, compacting on one in four.
         assert all(s.plan.tokens_before >= WINDOW * policy.trigger_ratio for s in steps[8:])
@@ -600,3 +606,41 @@ def test_a_tool_continuation_over_the_room_folds_every_turn_before_the_running_o
         pinned, body, applied, WIDE, WINDOW * 4, count, count_text, room=1, continuation=True
     )
     assert not again.compacts and again.skip_reason == "nothing_to_compact"
+
+
+def test_the_stored_summary_weighs_what_its_framed_message_sends() -> None:
+    """The view the planner weighs is the one sent: the stored summary in its frame (the
+    framing text and tags, a few hundred tokens over the bare text) and the instructions
+    inside the covered part. In the band where the bare count fits the room and the framed
+    one does not, the turn is folded, not left for the last resort to drop."""
+    turns = [
+        [
+            {"role": "user", "content": f"Step {i}: " + "tell me more about the plan. " * 12},
+            {"role": "assistant", "content": f"Answer {i}: " + "here is the plan. " * 14},
+        ]
+        for i in range(6)
+    ]
+    pinned: list[Message] = [{"role": "system", "content": "You are a planner."}]
+    covered_part = [*turns[0], {"role": "system", "content": "Be brief. " * 10}, *turns[1]]
+    body: list[Message] = [
+        *covered_part,
+        *[m for t in turns[2:] for m in t],
+        {"role": "user", "content": "And now?"},
+    ]
+    covered = len(covered_part)
+    applied = AppliedSummary("The user is planning a trip; " * 20, covered, 1)
+    policy = dataclasses.replace(SMALL, min_new_messages=20, recent_turns=4)
+    sent = framing.summary_message(applied.summary, policy.summary_role, "English", "session")
+    view = sum(map(count, session_view(pinned, body, covered, sent)))
+    bare = sum(map(count, pinned)) + count_text(applied.summary) + sum(map(count, body[covered:]))
+    room = (bare + view) // 2
+    assert bare <= room < view  # the band: the bare summary fits, the framed one does not
+    window = room + 100  # over the trigger ratio: only the anti-loop rule holds the fold back
+    plan = plan_session(pinned, body, applied, policy, window, count, count_text, room=room)
+    # Failed before: skip_reason "anti_loop", and fit_to_window dropped the oldest turn.
+    assert plan.compacts and plan.skip_reason is None, plan.skip_reason
+    assert plan.tokens_before == view
+    assert plan.tokens_after_estimate <= room
+    # Under the room by the framed count, the anti-loop rule holds again.
+    calm = plan_session(pinned, body, applied, policy, window, count, count_text, room=view)
+    assert not calm.compacts and calm.skip_reason == "anti_loop"

@@ -27,9 +27,11 @@ from typing import Any
 
 import httpx
 
+from proxy.app import create_app
 from proxy.archive.archiver import message_json
 from proxy.dialects.chat import ChatDialect
 from proxy.history.identity import conversation_ref
+from proxy.history.tokens import TokenCounter
 from tests.conftest import make_config
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import recap_app, serve
@@ -240,3 +242,43 @@ def test_the_heavy_steps_of_a_large_body_run_off_the_loop(
                 assert loop_rows < 100_000 < sum(seen.row_chars.values()) - loop_rows
         finally:
             threading.setprofile(None)
+
+
+class ThreadsCounting(TokenCounter):
+    """The real counter, noting the thread of every message it counts, and its size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[tuple[int, int]] = []
+
+    def count_message(self, message: Any, model: str | None = None, **kwargs: Any) -> int:
+        self.threads.append((threading.get_ident(), len(json.dumps(message))))
+        return super().count_message(message, model, **kwargs)
+
+
+def test_a_large_body_is_counted_off_the_loop(upstream_url: str, tmp_path: Path) -> None:
+    """The counting (the `measure_off_loop` stage) runs in a worker thread for a large body,
+    seen by a counter passed to create_app, not by a time bound; a small one on the loop."""
+    config = make_config(upstream_url, tmp_path, models={"gpt-4o": {"context_window": 400_000}})
+    counter = ThreadsCounting()
+    app = create_app(config, counter=counter)
+    loop_threads: set[int] = set()
+
+    async def observed(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            loop_threads.add(threading.get_ident())
+        await app(scope, receive, send)
+
+    with serve(observed) as url:
+        for size, large in ((3_000, False), (300_000, True)):
+            counter.threads.clear()
+            r = httpx.post(f"{url}/v1/chat/completions", content=a_body(20, size), timeout=120)
+            assert r.status_code == 200, r.text
+            (loop,) = loop_threads
+            assert counter.threads  # the counter is the one the proxy uses
+            # The client's large messages; what a layer writes (a placeholder) is small.
+            heavy = [ident for ident, chars in counter.threads if chars >= 100_000]
+            if large:
+                assert heavy and loop not in heavy, f"{heavy.count(loop)} counted on the loop"
+            else:
+                assert all(ident == loop for ident, _ in counter.threads)
