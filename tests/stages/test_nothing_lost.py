@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 
 from tests.fakes import FakeUpstream, Reply
 from tests.invariant import assert_nothing_lost
@@ -153,3 +154,41 @@ def test_a_tool_loop_after_short_turns_folds_them_instead_of_dropping_them(
     assert forwarded[2:] == history[start_of_turn - 1 :]
     (row,) = fake.chat_requests("summarize")
     assert "card_0000" in row.body.decode()
+
+
+@pytest.mark.parametrize("words", [90, 120])
+def test_a_long_chat_on_a_small_window_folds_instead_of_dropping(
+    proxy_factory: Callable[..., str],
+    upstream_url: str,
+    fake: FakeUpstream,
+    tmp_path: Path,
+    words: int,
+) -> None:
+    """A 40-turn chat on a 5,300-token window: whenever the view is over the room, the session
+    summary folds more turns; the last resort never drops one. The stored summary goes up in its
+    frame (about 130 tokens of framing text): a planner that counted it bare let through views
+    the frame put over the room, and the fit then dropped a user turn and its answer (turn 39
+    with 90 words a message, turn 28 with 120, before the fix)."""
+    url = proxy_factory(
+        models={"small": {"context_window": 5300}},
+        tenants={
+            "default": {
+                "upstream": {"base_url": upstream_url + "/v1", "timeout_s": 30},
+                "compaction": {"trim": {"enabled": False}},
+            }
+        },
+    )
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a travel agent."}]
+    drops: list[tuple[int, str | None]] = []
+    for i in range(40):
+        history.append({"role": "user", "content": f"Question {i}: " + "details " * words})
+        r = post(url, history, "band")
+        forwarded = fake.chat_requests()[-1].json["messages"]
+        dropped = assert_nothing_lost(
+            tmp_path / "recap.db", "default", "band", history, forwarded, r.headers
+        )
+        if dropped:
+            drops.append((i, r.headers.get("x-recap-dropped-reason")))
+        history.append({"role": "assistant", "content": f"Answer {i}: " + "words " * words})
+    assert fake.chat_requests("summarize")
+    assert drops == []
