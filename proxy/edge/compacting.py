@@ -139,7 +139,10 @@ class CompactingRoute(Route):
         if recorder is not None:
             answer = {"status": response.status_code} | recorder.result()
             state.archiver.finish(exchange, answer)
-            calibrate(state, exchange, answer)
-            if answer.get("status") == 200 and (cache := cache_usage(answer.get("usage"))):
+            # What the usage of a successful answer says of its input, read once: it
+            # calibrates the window and goes on the record (log line, tail, metrics).
+            cache = cache_usage(answer.get("usage")) if answer.get("status") == 200 else None
+            calibrate(state, exchange, cache)
+            if cache is not None:
                 exchange.record.upstream_input_tokens = cache.input_tokens
                 exchange.record.cached_input_tokens = cache.cached_tokens

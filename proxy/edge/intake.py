@@ -97,6 +97,7 @@ async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incomin
         record.cohort = cohort.value
         held_out = cohort is Cohort.HOLDOUT
     fixed = tool_tokens(body)
+    configured = config.context_window(model)
     measure = Measure(state.counter, model)
     measure.bound_by(view.messages, len(incoming.decoded))
     exchange = Exchange(
@@ -110,11 +111,9 @@ async def take_in(call: Call, tenant: Tenant, dialect: Dialect) -> tuple[Incomin
         classification=classify(view.messages),
         # In Recap's tokens, as calibrated from this tenant's usage for the model, less
         # what the tool definitions take of it.
-        context_window=max(
-            1, state.calibration.window(tenant.name, model, config.context_window(model)) - fixed
-        ),
+        context_window=max(1, state.calibration.window(tenant.name, model, configured) - fixed),
         fixed_tokens=fixed,
-        configured_window=config.context_window(model),
+        configured_window=configured,
         measure=measure,
         # A held-out conversation goes as it came: no layer runs (the last resort included);
         # only an upstream's refusal for overflow is recovered (edge/forward.py).

@@ -18,10 +18,10 @@ the app state (one per app), never at module level.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from proxy.dialects.base import CacheUsage
 from proxy.pipeline import Exchange
 
 MIN_ESTIMATE = 1000
@@ -32,8 +32,6 @@ MIN_RATIO = 1.0
 MAX_RATIO = 4.0
 # Weight of a new observation in the moving average.
 ALPHA = 0.3
-# Usage fields of prompt tokens the prompt cache read or wrote, beside `input_tokens`.
-CACHED_INPUT_KEYS = ("cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 @dataclass(frozen=True)
@@ -76,24 +74,16 @@ class Calibration:
         return max(1, int(configured / self.ratio(tenant, model)))
 
 
-def calibrate(state: _HasCalibration, ex: Exchange, answer: Mapping[str, Any]) -> None:
-    """Learn from a successful answer's usage (prompt or input tokens) against the
-    forwarded estimate."""
-    usage = answer.get("usage")
+def calibrate(state: _HasCalibration, ex: Exchange, usage: CacheUsage | None) -> None:
+    """Learn from a successful answer's usage (`dialects.base.cache_usage`: the whole
+    prompt the upstream counted, Anthropic's cached and cache-written tokens included)
+    against the forwarded estimate."""
     estimate = ex.record.input_tokens
-    if answer.get("status") != 200 or not isinstance(usage, Mapping):
-        return
-    # Chat's `prompt_tokens`; the Responses API's (and Anthropic's) `input_tokens`.
-    actual = usage.get("prompt_tokens", usage.get("input_tokens"))
-    if isinstance(actual, int) and "prompt_tokens" not in usage:
-        # Anthropic's `input_tokens` counts only what its prompt cache did not serve or
-        # store: the prompt is all three.
-        for key in CACHED_INPUT_KEYS:
-            value = usage.get(key)
-            actual += value if isinstance(value, int) else 0
-    if isinstance(actual, int) and isinstance(estimate, int):
+    if usage is not None and isinstance(estimate, int):
         # The upstream counted the tool definitions too.
-        state.calibration.observe(ex.tenant.name, ex.model, estimate + ex.fixed_tokens, actual)
+        state.calibration.observe(
+            ex.tenant.name, ex.model, estimate + ex.fixed_tokens, usage.input_tokens
+        )
 
 
 class _HasCalibration(Protocol):
