@@ -6,7 +6,7 @@ overflow is recovered in the holdout (the fake upstream answers 400 over its win
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ from proxy.planning.cohort import Cohort, cohort_of
 from tests.conftest import LogCapture
 from tests.fakes import FakeUpstream, Reply
 from tests.faults import MODEL, compacting_data, history
-from tests.servers import recap_app, serve
 
 SHARE = 0.5
 OVERFLOW = {
@@ -42,18 +41,11 @@ def key_in(cohort: Cohort, prefix: str) -> str:
 
 
 @pytest.fixture
-def fake() -> FakeUpstream:
-    return FakeUpstream()
-
-
-@pytest.fixture
-def proxy(fake: FakeUpstream, tmp_path: Path) -> Iterator[str]:
-    with serve(fake.app) as upstream:
-        data = compacting_data(upstream, tmp_path)
-        data["tenants"]["default"]["holdout"] = SHARE
-        config = parse_config(data, env={}, base_dir=str(tmp_path))
-        with serve(recap_app(config)) as url:
-            yield url + "/v1"
+def proxy(proxy_factory: Callable[..., str], upstream_url: str, tmp_path: Path) -> str:
+    """A compacting tenant whose holdout is SHARE (`fake` and `upstream_url`: conftest's)."""
+    data = compacting_data(upstream_url, tmp_path)
+    data["tenants"]["default"]["holdout"] = SHARE
+    return proxy_factory(parse_config(data, env={}, base_dir=str(tmp_path)))
 
 
 def send(url: str, raw: bytes, key: str) -> httpx.Response:
@@ -88,11 +80,12 @@ def test_a_held_out_conversation_goes_as_it_came_and_the_other_is_compacted(
     assert [x["cohort"] for x in lines] == ["holdout", "compacted"]
 
 
-def test_without_a_holdout_nothing_is_marked(fake: FakeUpstream, tmp_path: Path) -> None:
-    with serve(fake.app) as upstream:
-        config = parse_config(compacting_data(upstream, tmp_path), env={}, base_dir=str(tmp_path))
-        with serve(recap_app(config)) as url:
-            r = send(url + "/v1", body(history(turns=3)), "plain")
+def test_without_a_holdout_nothing_is_marked(
+    proxy_factory: Callable[..., str], upstream_url: str, tmp_path: Path
+) -> None:
+    data = compacting_data(upstream_url, tmp_path)
+    url = proxy_factory(parse_config(data, env={}, base_dir=str(tmp_path)))
+    r = send(url, body(history(turns=3)), "plain")
     assert r.status_code == 200 and "x-recap-cohort" not in r.headers
 
 
