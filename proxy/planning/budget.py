@@ -119,3 +119,42 @@ def item_weights(
         return weights[i]
 
     return weight
+
+
+# Below this many tokens of room a transcript says too little to be worth a call.
+MIN_TRANSCRIPT_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """What one compaction's summarizer calls may take: `max_tokens` each, and the
+    transcript budget under the summarizer's context window."""
+
+    max_tokens: int
+    budget: TranscriptBudget
+
+
+def call_limits(
+    window: int,
+    scene_max_tokens: int | None,
+    scene_tokens: int,
+    summary: str,
+    *,
+    max_chars: int,
+    language: str,
+    count_text: Callable[[str], int],
+    item_tokens: Callable[[int], int],
+) -> CallLimits:
+    """The limits of calls under a summarizer `window` whose scene, rendered without its
+    transcript and summary, weighs `scene_tokens`; `summary` is the one the first call
+    merges into, `item_tokens` weighs a message."""
+    max_tokens = summary_max_tokens(max_chars, language, scene_max_tokens, window)
+    budget = transcript_budget(
+        window,
+        max_tokens,
+        scene_tokens,
+        count_text(summary) if summary else 0,
+        summary_tokens(max_chars, language),
+        item_tokens,
+    )
+    return CallLimits(max_tokens, budget)

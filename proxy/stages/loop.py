@@ -32,7 +32,12 @@ from proxy.config import LoopCompaction
 from proxy.history.conversation import is_turn_start, tool_rounds, turn_starts
 from proxy.history.messages import Classification, Message, is_pinned
 from proxy.pipeline import Exchange
-from proxy.planning.budget import TranscriptBudget, item_weights
+from proxy.planning.budget import (
+    MIN_TRANSCRIPT_TOKENS,
+    CallLimits,
+    TranscriptBudget,
+    item_weights,
+)
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Earlier, Seen
 from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
@@ -46,8 +51,6 @@ from proxy.planning.transcript import (
 from proxy.stages.audit import audit, log_started
 from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
-    MIN_TRANSCRIPT_TOKENS,
-    CallLimits,
     Summarizer,
     SummarizerFailed,
     SummaryResult,

@@ -30,7 +30,7 @@ from proxy.errors import CompactionFailed, Conflict
 from proxy.history.messages import Message, chain_of, fingerprint, is_pinned, split_pinned
 from proxy.history.tokens import TokenCounter
 from proxy.pipeline import ClientHistory
-from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, TranscriptBudget
+from proxy.planning.budget import ITEM_SEPARATOR_TOKENS, MIN_TRANSCRIPT_TOKENS, TranscriptBudget
 from proxy.planning.framing import prompt_chars
 from proxy.planning.guard import Earlier
 from proxy.planning.outcome import Layer, retry_detail
@@ -48,7 +48,6 @@ from proxy.stages.expansion import Expander
 from proxy.stages.offload import off_loop
 from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
-    MIN_TRANSCRIPT_TOKENS,
     Summarizer,
     SummarizerFailed,
     call_limits,

@@ -34,8 +34,8 @@ from proxy.dialects.base import SummaryCall
 from proxy.dialects.chat import CHAT_SUMMARY
 from proxy.errors import RecapError
 from proxy.history.messages import json_bytes
-from proxy.planning.budget import TranscriptBudget, summary_max_tokens, summary_tokens
-from proxy.planning.budget import transcript_budget as make_budget
+from proxy.planning.budget import CallLimits
+from proxy.planning.budget import call_limits as limits_of
 from proxy.planning.framing import check_summary, complete_sections, extract_summary
 from proxy.planning.guard import guard_summary
 from proxy.stages.scenes import Scene, render_values
@@ -263,19 +263,6 @@ def _merged(first: _Answer, second: _Answer) -> _Answer:
     )
 
 
-@dataclass(frozen=True)
-class CallLimits:
-    """What one compaction's summarizer calls may take: `max_tokens` each, and the
-    transcript budget under the summarizer's context window."""
-
-    max_tokens: int
-    budget: TranscriptBudget
-
-
-# Below this many tokens of room a transcript says too little to be worth a call.
-MIN_TRANSCRIPT_TOKENS = 256
-
-
 def call_limits(
     tenant: Tenant,
     scene: Scene,
@@ -287,20 +274,29 @@ def call_limits(
 ) -> CallLimits:
     """The limits of calls rendering `scene` with `values` (their transcript and summary
     left out: the budget is what remains for them); `item_tokens` weighs a message."""
-    language = str(values.get("language") or "")
-    window = tenant.summarizer.context_window
-    max_tokens = summary_max_tokens(max_chars, language, scene.max_tokens, window)
-    summary = str(values.get("existing_summary") or "")
-    system, user = render_values(scene, {**values, "transcript": "", "existing_summary": ""})
-    budget = make_budget(
-        window,
-        max_tokens,
-        count_text(system) + count_text(user),
-        count_text(summary) if summary else 0,
-        summary_tokens(max_chars, language),
-        item_tokens,
+    return limits_of(
+        tenant.summarizer.context_window,
+        scene.max_tokens,
+        scene_tokens(scene, count_text)(values),
+        str(values.get("existing_summary") or ""),
+        max_chars=max_chars,
+        language=str(values.get("language") or ""),
+        count_text=count_text,
+        item_tokens=item_tokens,
     )
-    return CallLimits(max_tokens, budget)
+
+
+def scene_tokens(
+    scene: Scene, count_text: Callable[[str], int]
+) -> Callable[[Mapping[str, str | int]], int]:
+    """What `scene` weighs rendered with given values, its transcript and summary blank."""
+
+    def weigh(values: Mapping[str, str | int]) -> int:
+        blank = {**values, "transcript": "", "existing_summary": ""}
+        system, user = render_values(scene, blank)
+        return count_text(system) + count_text(user)
+
+    return weigh
 
 
 class Breaker:
