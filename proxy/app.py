@@ -33,6 +33,7 @@ from proxy.errors import NotFound
 from proxy.history.fingerprints import FingerprintCache
 from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Pipeline, Stage
+from proxy.stages.ahead import Ahead
 from proxy.stages.archive import ArchiveOriginals
 from proxy.stages.estimate import EstimateTokens
 from proxy.stages.loop import LoopStage
@@ -87,12 +88,15 @@ def build_stages(state: AppState) -> list[Stage]:
     config = state.config
     scenes = load_scenes(config)
     summarizer = Summarizer(state.upstreams, config.tenants)
+    session = SessionStage(
+        state.store, summarizer, scenes, state.counter, config.tenants, clock=state.clock
+    )
+    # The next turn's summary, made after an answer with the session stage's own parts.
+    state.ahead = Ahead(session, config.tenants)
     return [
         MeasureOffLoop(),
         ArchiveOriginals(state.archiver, state.fingerprints),
-        SessionStage(
-            state.store, summarizer, scenes, state.counter, config.tenants, clock=state.clock
-        ),
+        session,
         LoopStage(state.store, summarizer, scenes),
         TrimStage(state.store),
         FitToWindow(state.store),
@@ -191,6 +195,8 @@ def create_app(
                 retention.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await retention
+            if state.ahead is not None:
+                await state.ahead.aclose()
             await state.audits.drain()
             await state.archiver.drain()
             await upstreams.aclose()

@@ -80,6 +80,11 @@ class SessionCompaction:
     cooldown_s: float = 300.0
     scene: str = "session_compact"
     summary_role: Literal["system", "user"] = "system"
+    # Background pre-compaction (stages/ahead.py): after an answer, the summary the next
+    # turn would need is made while the user reads and writes, once the next turn start
+    # would cross the triggers scaled by `precompact_share`.
+    precompact: bool = True
+    precompact_share: float = 0.8
 
 
 @dataclass(frozen=True)
@@ -281,6 +286,7 @@ BOUNDS: Mapping[tuple[type, str], Bound] = {
     (Upstream, "max_connections"): _AT_LEAST_1,
     (SessionCompaction, "trigger_ratio"): _RATIO,
     (SessionCompaction, "min_recent_ratio"): _SHARE,
+    (SessionCompaction, "precompact_share"): _RATIO,
     (SessionCompaction, "min_compact_messages"): _AT_LEAST_1,
     (SessionCompaction, "max_batch_messages"): _AT_LEAST_1,
     (SessionCompaction, "max_rounds_per_request"): _AT_LEAST_1,

@@ -26,6 +26,7 @@ from proxy.history.identity import credentials_of
 from proxy.history.measure import Measure
 from proxy.history.messages import Classification, Message, chain_of, split_pinned
 from proxy.planning.outcome import CompactionOutcome, Layer, layers
+from proxy.planning.session import AppliedSummary
 from proxy.record import RequestRecord
 from proxy.store.base import ConversationRef, StoreError
 
@@ -97,6 +98,8 @@ class Exchange:
     # Index in `messages` of the last summary message a stage inserted (protected by
     # the last-resort fit).
     summary_index: int | None = None
+    # The stored session summary that view applies (planning the next turn ahead reads it).
+    session_summary: AppliedSummary | None = None
     loop_summary_index: int | None = None
     # Fingerprints of the originals the trim stage replaced by placeholders.
     trimmed: list[str] = field(default_factory=list)

@@ -11,6 +11,7 @@ from proxy.config import Config
 from proxy.history.fingerprints import FingerprintCache
 from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Pipeline
+from proxy.stages.ahead import Ahead
 from proxy.stages.audit import AuditWriter
 from proxy.stages.calibration import Calibration
 from proxy.stages.remote import RemoteCompactor
@@ -35,3 +36,5 @@ class AppState:
     remote: RemoteCompactor | None = None
     # The audit rows and their events, written off the request path (`store.audits`).
     audits: AuditWriter = field(default_factory=AuditWriter)
+    # Background pre-compaction (stages/ahead.py), built with the pipeline.
+    ahead: Ahead | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import socket
 import threading
@@ -27,9 +28,31 @@ def shared_counter() -> TokenCounter:
     return TokenCounter()
 
 
-def recap_app(config: Config, **kwargs: Any) -> Starlette:
-    """`create_app(config)`, with the suite's one token counter."""
+def recap_app(config: Config, *, precompact: bool = False, **kwargs: Any) -> Starlette:
+    """`create_app(config)`, with the suite's one token counter.
+
+    Background pre-compaction (on by default in the product) is switched off unless
+    `precompact`: most tests check what a request's own path compacts, turn by turn, and a
+    background summary racing the next request would make that depend on timing. Its own
+    tests (tests/stages/test_ahead.py) and the generated invariant run it."""
+    if not precompact:
+        config = synchronous(config)
     return create_app(config, counter=shared_counter(), **kwargs)
+
+
+def synchronous(config: Config) -> Config:
+    """`config` with every tenant's background pre-compaction off."""
+    tenants = {
+        name: dataclasses.replace(
+            t,
+            compaction=dataclasses.replace(
+                t.compaction,
+                session=dataclasses.replace(t.compaction.session, precompact=False),
+            ),
+        )
+        for name, t in config.tenants.items()
+    }
+    return dataclasses.replace(config, tenants=tenants)
 
 
 class _Server(uvicorn.Server):

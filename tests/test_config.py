@@ -159,6 +159,14 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
         ),
         ({"tenants": {"a": {"holdout": 1.5}}}, "tenants.a.holdout"),
         ({"tenants": {"a": {"holdout": -0.1}}}, "tenants.a.holdout"),
+        (
+            {"tenants": {"a": {"compaction": {"session": {"precompact_share": 0}}}}},
+            "tenants.a.compaction.session.precompact_share",
+        ),
+        (
+            {"tenants": {"a": {"compaction": {"session": {"precompact_share": 1.2}}}}},
+            "tenants.a.compaction.session.precompact_share",
+        ),
     ],
 )
 def test_out_of_range_numbers_rejected_by_name(data: dict, name: str) -> None:
@@ -248,3 +256,13 @@ def test_holdout_share_loads_with_default_zero() -> None:
     cfg = parse_config({"tenants": {"a": {}, "b": {"api_keys": ["k"], "holdout": 0.5}}}, env={})
     assert cfg.tenants["a"].holdout == 0.0
     assert cfg.tenants["b"].holdout == 0.5
+
+
+def test_background_precompaction_is_on_by_default_and_can_be_switched_off() -> None:
+    session = {"precompact": False, "precompact_share": 1}
+    b = {"api_keys": ["k"], "compaction": {"session": session}}
+    cfg = parse_config({"tenants": {"a": {}, "b": b}}, env={})
+    assert cfg.tenants["a"].compaction.session.precompact is True
+    assert cfg.tenants["a"].compaction.session.precompact_share == 0.8
+    assert cfg.tenants["b"].compaction.session.precompact is False
+    assert cfg.tenants["b"].compaction.session.precompact_share == 1

@@ -10,7 +10,8 @@ same for every API, one step a module:
              forward.recover    an overflow before any answer: harder, once more
     relay    answer.relay       the answer streamed back raw, a copy archived
     finish   _finish            the record completed, the answer archived, the window
-                                calibrated from its usage
+                                calibrated from its usage, the next turn's compaction
+                                started in the background (stages/ahead.py)
 
 A body the adapter cannot or must not work on (not JSON, no history, a history the
 upstream holds) is forwarded byte for byte: the proxy never rejects what the upstream
@@ -63,6 +64,9 @@ class CompactingRoute(Route):
         if exchange is not None and exchange.stream:
             exchange.notify = sse_notifier(responder, exchange)
             exchange.keepalive_s = call.state.config.listen.sse_keepalive_s
+        if exchange is not None and call.state.ahead is not None:
+            # A background compaction this history makes useless is stopped.
+            call.state.ahead.moved_on(exchange)
         payload, out_headers = await plan(call, tenant, incoming, exchange, self.dialect)
         # Arrival to forwarding (of the first try: a retry's time is the upstream's too).
         record.overhead_ms = round((time.perf_counter() - call.start) * 1000, 1)
@@ -146,3 +150,6 @@ class CompactingRoute(Route):
             if cache is not None:
                 exchange.record.upstream_input_tokens = cache.input_tokens
                 exchange.record.cached_input_tokens = cache.cached_tokens
+            if answer.get("status") == 200 and state.ahead is not None:
+                # The next turn's compaction, while the user reads this answer.
+                state.ahead.after_answer(exchange)

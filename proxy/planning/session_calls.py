@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -165,6 +166,39 @@ def plan_compaction(snap: SessionSnapshot) -> CompactionPlan:
         )
         calls.append(SummaryCall(a, b, transcript, span))
     return CompactionPlan(decision, tuple(calls), values, limits().max_tokens)
+
+
+# The next turn's user message, unknown when its compaction is planned ahead.
+NEXT_TURN: Message = {"role": "user", "content": ""}
+
+
+def plan_ahead(snap: SessionSnapshot, share: float) -> CompactionPlan:
+    """The compaction the next turn start would make, planned after this request's answer
+    (background pre-compaction, stages/ahead.py): on this history and one more user
+    message, at the triggers scaled by `share` (so it runs a little before the next turn
+    would need it), never forced. Only the calls that end at or before this history's last
+    turn start are kept: the next request shares those cut points, while what follows them
+    (the answer as the client will send it back) is not known byte for byte yet."""
+    starts = turn_starts(snap.body)
+    policy = dataclasses.replace(
+        snap.policy,
+        min_new_tokens=max(1, int(snap.policy.min_new_tokens * share)),
+        trigger_ratio=snap.policy.trigger_ratio * share,
+    )
+    ahead = dataclasses.replace(
+        snap, body=[*snap.body, NEXT_TURN], policy=policy, force=False, continuation=False
+    )
+    plan = plan_compaction(ahead)
+    limit = starts[-1] if starts else 0
+    calls = tuple(itertools.takewhile(lambda c: c.end <= limit, plan.calls))
+    if not calls:
+        return CompactionPlan(dataclasses.replace(plan.decision, batches=()))
+    decision = dataclasses.replace(
+        plan.decision,
+        batches=tuple((c.start, c.end) for c in calls),
+        new_covered=calls[-1].end,
+    )
+    return CompactionPlan(decision, calls, plan.values, plan.max_tokens)
 
 
 class CallResult(Protocol):

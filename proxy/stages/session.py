@@ -126,10 +126,11 @@ class SessionStage:
             ex.response_headers["x-recap-summary-version"] = str(applied.version)
             ex.messages = applied_view(pinned, body, applied, policy)
             ex.summary_index = len(pinned)
+            ex.session_summary = applied
         if outcome is not None:
             ex.report(outcome)
 
-    def _snapshot(
+    def snapshot(
         self,
         ex: Exchange,
         policy: SessionCompaction,
@@ -137,6 +138,7 @@ class SessionStage:
         body: list[Message],
         applied: AppliedSummary | None,
     ) -> SessionSnapshot:
+        """What this request's session compaction is planned from."""
         scene = self.scenes[ex.tenant.name].get(policy.scene)
         return SessionSnapshot(
             pinned,
@@ -167,7 +169,7 @@ class SessionStage:
         breaker: Breaker,
     ) -> tuple[AppliedSummary | None, CompactionOutcome]:
         """Plan; when it compacts, under the lock: re-plan, summarise, store, report."""
-        snap = self._snapshot(ex, policy, pinned, body, applied)
+        snap = self.snapshot(ex, policy, pinned, body, applied)
         plan = plan_compaction(snap)
         if not plan.compacts:
             return applied, plan.skipped(plan.decision.skip_reason)
@@ -187,14 +189,14 @@ class SessionStage:
             start = time.perf_counter()
             log_started(log, ex, Layer.SESSION, plan.reason)
             await ex.notify("recap compacting")
-            run = await self._summarize(ex, policy, chain, plan)
+            run = await self.summarize(ex, policy, chain, plan)
             duration_ms = int((time.perf_counter() - start) * 1000)
             if run.failure:
                 breaker.failed(conv)
             else:
                 breaker.succeeded(conv)
             outcome = compaction_outcome(plan, snap, run, duration_ms)
-            await self._audit(ex, body, plan, run, outcome)
+            await self.audit(ex, body, plan, run, outcome)
             if run.failure:
                 await ex.notify(f"recap compaction failed: {run.failure}")
                 log.warning(
@@ -206,11 +208,17 @@ class SessionStage:
                 await ex.notify(done_words(outcome))
             return run.applied, outcome
 
-    async def _summarize(
-        self, ex: Exchange, policy: SessionCompaction, chain: list[str], plan: CompactionPlan
+    async def summarize(
+        self,
+        ex: Exchange,
+        policy: SessionCompaction,
+        chain: Sequence[str],
+        plan: CompactionPlan,
+        background: bool = False,
     ) -> SummaryRun:
         """Each planned call through the summarizer, merged into the summary so far, each
-        result stored as a new version at once (a later failure keeps the earlier ones)."""
+        result stored as a new version at once (a later failure keeps the earlier ones).
+        `background`: after the answer (stages/ahead.py), so no client waits or is told."""
         run = SummaryRun(plan.applied, ex.model or "")
         scene = self.scenes[ex.tenant.name].get(policy.scene)
         summary = plan.applied.summary if plan.applied else ""
@@ -221,26 +229,26 @@ class SessionStage:
                 run.failure = NO_ROOM
                 break
             try:
-                result = await ex.waiting(
-                    self.summarizer.summarize(
-                        ex.tenant,
-                        scene,
-                        {"transcript": call.transcript, **plan.values, "existing_summary": summary},
-                        model=ex.model,
-                        credentials=ex.credentials,
-                        max_chars=policy.max_summary_chars,
-                        # The stored summary merged into (Earlier): what the merge dropped
-                        # from it is restored. The current message is input the summary does
-                        # not replace (Seen).
-                        replaced=[
-                            *([Earlier(summary)] if summary else []),
-                            *call.span,
-                            *([Seen(current)] if current else []),
-                        ],
-                        max_tokens=plan.max_tokens,
-                        call=ex.dialect.summary_call,
-                    )
+                asked = self.summarizer.summarize(
+                    ex.tenant,
+                    scene,
+                    {"transcript": call.transcript, **plan.values, "existing_summary": summary},
+                    model=ex.model,
+                    credentials=ex.credentials,
+                    max_chars=policy.max_summary_chars,
+                    # The stored summary merged into (Earlier): what the merge dropped
+                    # from it is restored. The current message is input the summary does
+                    # not replace (Seen).
+                    replaced=[
+                        *([Earlier(summary)] if summary else []),
+                        *call.span,
+                        *([Seen(current)] if current else []),
+                    ],
+                    max_tokens=plan.max_tokens,
+                    call=ex.dialect.summary_call,
+                    background=background,
                 )
+                result = await (asked if background else ex.waiting(asked))
             except SummarizerFailed as exc:
                 run.failure = exc.reason
                 run.retries += exc.retried
@@ -261,14 +269,16 @@ class SessionStage:
             run.add(result, AppliedSummary(summary, call.end, version.version))
         return run
 
-    async def _audit(
+    async def audit(
         self,
         ex: Exchange,
         body: list[Message],
         plan: CompactionPlan,
         run: SummaryRun,
         outcome: CompactionOutcome,
+        ahead: bool = False,
     ) -> None:
+        """The compaction's audit row and event (`ahead`: made in the background)."""
         applied = run.applied
         chars_before = _chars(body[plan.applied.covered if plan.applied else 0 :])
         chars_after = _chars(body[applied.covered if applied else 0 :]) + len(
@@ -300,6 +310,7 @@ class SessionStage:
                 "summarizer_output_tokens": run.tokens_out,
                 "length_retries": run.retries,
                 "salvaged": run.salvaged,
+                **({"ahead": True} if ahead else {}),
             },
         )
 

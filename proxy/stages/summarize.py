@@ -20,6 +20,7 @@ failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -124,19 +125,24 @@ class Summarizer:
         replaced: Sequence[Any] = (),
         max_tokens: int | None = None,
         call: SummaryCall = CHAT_SUMMARY,
+        background: bool = False,
     ) -> SummaryResult:
         """One summary (one call, two after a length cut); `credentials` are the client's
         own key headers (sent when the upstream has no key); `replaced` are the messages the
         summary stands for (guarded); `max_tokens` overrides the scene's; `call` is the
         API to ask in on the tenant's upstream (a separate `summarizer.upstream` is asked
-        as a Chat Completion: an OpenAI-compatible summarizer)."""
+        as a Chat Completion: an OpenAI-compatible summarizer). A `background` call
+        (stages/ahead.py, which bounds its own) takes none of the tenant's
+        `max_concurrency` slots, so no request waits for it."""
         chosen = scene.model or model
         if not chosen:
             raise SummarizerFailed("no model for the summarizer call")
         limit = max_tokens if max_tokens is not None else scene.max_tokens
 
         async def ask(retry: bool, asked: Mapping[str, str | int]) -> _Answer:
-            return await self._call(tenant, scene, asked, chosen, credentials, limit, retry, call)
+            return await self._call(
+                tenant, scene, asked, chosen, credentials, limit, retry, call, background
+            )
 
         first = await ask(False, values)
         answer, problem = first, check_summary(first.text, first.finish, max_chars)
@@ -191,6 +197,7 @@ class Summarizer:
         max_tokens: int | None,
         length_retry: bool,
         call: SummaryCall,
+        background: bool = False,
     ) -> _Answer:
         system, user = render_values(scene, values, length_retry=length_retry)
         options: dict[str, object] = {}
@@ -212,7 +219,12 @@ class Summarizer:
         timeout = httpx.Timeout(tenant.summarizer.timeout_s, connect=upstream.connect_timeout_s)
         client = self.upstreams.client(tenant.name, upstream)
         start = time.perf_counter()
-        async with self._slots.setdefault(tenant.name, asyncio.Semaphore(1)):
+        slot: contextlib.AbstractAsyncContextManager[object] = (
+            contextlib.nullcontext()
+            if background
+            else self._slots.setdefault(tenant.name, asyncio.Semaphore(1))
+        )
+        async with slot:
             try:
                 with mapped_errors(upstream):
                     request = client.build_request(
