@@ -17,7 +17,9 @@
                             store; without one (or for a record too large to journal on
                             the loop) the writer commits it while the upstream answers and
                             the final bytes wait for that commit
-    after the response      `finish`: the `response` event, journaled too
+    after the response      `finish`: the `response` event (the answer as its dialect's
+                            recorder read it, and the time Recap added before
+                            forwarding), journaled too
 
 The background writer stores queued records in batches, one transaction each: journaled
 ones after `RESPONSE_LINGER_S` (or with the next record that must be committed at once),
@@ -242,9 +244,11 @@ class Archiver:
     def finish(self, ex: Exchange, answer: Mapping[str, Any] | None) -> None:
         """After the response: its event (the request's was queued by `begin`)."""
         if answer is not None:
+            # The time Recap added before forwarding (the holdout report's added latency).
+            added = {"overhead_ms": ex.record.overhead_ms}
             event: tuple[EventType, Mapping[str, Any]] = (
                 "response",
-                {"request_id": ex.request_id, **answer},
+                {"request_id": ex.request_id, **added, **answer},
             )
             self._record(ExchangeRecord(ex.conversation, [], [event]), urgent=False)
 
