@@ -6,7 +6,8 @@ suite's fake upstream from a script, so every measure's value is known beforehan
     H1 holdout    a turn, two tool rounds (the second call repeats the first with its JSON
                   written otherwise), an answer; then the user asks again, nearly the same
     H2 holdout    a turn whose answer asks for a tool call nobody answers (abandoned)
-    C1 compacted  an answer; then a turn the upstream fails (500)
+    C1 compacted  a long history, compacted (the summarizer's tokens count), answered; then
+                  a turn the upstream fails (500)
     C2 compacted  a turn the upstream refuses for overflow, recovered on its retry
 
 Used by tests/archive/test_holdout.py (the measures) and tests/system/test_holdout.py (the
@@ -24,7 +25,7 @@ import httpx
 
 from proxy.planning.cohort import Cohort, cohort_of
 from tests.fakes import FakeUpstream, Reply
-from tests.faults import MODEL, compacting_data
+from tests.faults import MODEL, compacting_data, history
 
 SHARE = 0.5
 ADMIN = "admin-holdout-key"
@@ -77,6 +78,7 @@ class Built:
 
     keys: dict[str, str]
     overheads: dict[str, list[float]] = field(default_factory=dict)
+    summarizer_calls: int = 0  # C1's (the fake's summarizer reports 10 in, 5 out a call)
 
 
 def build(proxy: str, fake: FakeUpstream) -> Built:
@@ -127,13 +129,15 @@ def build(proxy: str, fake: FakeUpstream) -> Built:
     lookup = call("b1", "lookup_policy", '{"topic": "baggage"}')
     send("H2", h2, [Reply(content=None, tool_calls=[lookup], usage=usage(50, 5))], 200)
 
-    c1: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "Change my seat to aisle"}]
+    c1 = history()  # long enough to be compacted: the summarizer's calls are counted
     send("C1", c1, [Reply(content="Done.", usage=usage(80, 4))], 200)
     c1 += [
         {"role": "assistant", "content": "Done."},
         {"role": "user", "content": "Also add one checked bag to my booking"},
     ]
     send("C1", c1, [Reply(status=500)], 500)
+    built.summarizer_calls = len(fake.chat_requests("summarize"))
+    assert built.summarizer_calls >= 1
 
     c2 = [SYSTEM, {"role": "user", "content": "Cancel my booking XY789 and refund me"}]
     refused = Reply(status=400, error=OVERFLOW)
@@ -155,6 +159,7 @@ def expected(built: Built) -> dict[str, dict[str, float]]:
         return (paid + output * p["output"]) / 1e6
 
     o = built.overheads
+    spent = built.summarizer_calls * 15
     return {
         "H1": {
             "context_overflows": 0,
@@ -163,6 +168,7 @@ def expected(built: Built) -> dict[str, dict[str, float]]:
             "input_tokens_per_turn": 350,
             "cached_tokens": 450,
             "cached_tokens_per_turn": 225,
+            "summarizer_tokens": 0,
             "cost": cost(700, 450, 45),
             "added_latency_ms": mean(o["H1"]),
             "turns": 2,
@@ -178,6 +184,7 @@ def expected(built: Built) -> dict[str, dict[str, float]]:
             "input_tokens_per_turn": 50,
             "cached_tokens": 0,
             "cached_tokens_per_turn": 0,
+            "summarizer_tokens": 0,
             "cost": cost(50, 0, 5),
             "added_latency_ms": mean(o["H2"]),
             "turns": 1,
@@ -193,7 +200,8 @@ def expected(built: Built) -> dict[str, dict[str, float]]:
             "input_tokens_per_turn": 40,
             "cached_tokens": 0,
             "cached_tokens_per_turn": 0,
-            "cost": cost(80, 0, 4),
+            "summarizer_tokens": spent,
+            "cost": cost(80 + 10 * built.summarizer_calls, 0, 4 + 5 * built.summarizer_calls),
             "added_latency_ms": mean(o["C1"]),
             "turns": 2,
             "tool_calls": 0,
@@ -208,6 +216,7 @@ def expected(built: Built) -> dict[str, dict[str, float]]:
             "input_tokens_per_turn": 90,
             "cached_tokens": 30,
             "cached_tokens_per_turn": 30,
+            "summarizer_tokens": 0,
             "cost": cost(90, 30, 6),
             "added_latency_ms": mean(o["C2"]),
             "turns": 1,

@@ -220,6 +220,10 @@ class Archiver:
                     # What each layer did (the log line's `compactions`), from the
                     # typed outcomes; the session summary now applied, if any.
                     "compactions": [o.as_log() for o in ex.outcomes],
+                    # The summarizer's tokens this request's compactions cost (the holdout
+                    # report's cost counts them).
+                    "summarizer_input_tokens": sum(o.summarizer_tokens_in for o in ex.outcomes),
+                    "summarizer_output_tokens": sum(o.summarizer_tokens_out for o in ex.outcomes),
                     "summary_version": session.version if session else None,
                     # Counts are memoised per message: the estimate stage made them.
                     "tokens_before": ex.measure.total(ex.original) if ex.changed else None,

@@ -179,6 +179,8 @@ async def read_requests(
                 cohort=r["cohort"],
                 user_text=text,
                 answers=tuple(answers.get(rid, ())),
+                summarizer_input_tokens=r["summarizer"][0],
+                summarizer_output_tokens=r["summarizer"][1],
             )
         )
     return out
@@ -189,8 +191,14 @@ def _take(
 ) -> None:
     payload = event.payload
     rid = str(payload.get("request_id") or f"event-{event.id}")
-    if event.type == "request" and rid not in requests:
-        # An overflow's retry is a second request event of the same id: one request.
+    if event.type == "request":
+        spent = [_int(payload.get(f"summarizer_{d}_tokens")) or 0 for d in ("input", "output")]
+        if rid in requests:
+            # An overflow's retry is a second request event of the same id: one request.
+            requests[rid]["summarizer"] = [
+                a + b for a, b in zip(requests[rid]["summarizer"], spent, strict=True)
+            ]
+            return
         classification = str(payload.get("classification") or "other")
         messages = payload.get("messages") or []
         turn = classification == "turn_start" and messages
@@ -199,6 +207,7 @@ def _take(
             "classification": classification,
             "cohort": _cohort(payload.get("cohort")),
             "last": messages[-1] if turn else None,
+            "summarizer": spent,
         }
     elif event.type == "response" and rid in requests:
         answers.setdefault(rid, []).append(read_answer(payload))

@@ -117,6 +117,9 @@ class ArchivedRequest:
     # The new user message's text, for a turn start.
     user_text: str | None = None
     answers: tuple[Answer, ...] = ()
+    # What its compactions cost in summarizer calls (every try of it).
+    summarizer_input_tokens: int = 0
+    summarizer_output_tokens: int = 0
 
     @property
     def answer(self) -> Answer | None:
@@ -174,6 +177,7 @@ class Measure(enum.Enum):
     INPUT_TOKENS_PER_TURN = ("input tokens", "per turn")
     CACHED_TOKENS = ("cached input tokens", "per conversation")
     CACHED_TOKENS_PER_TURN = ("cached input tokens", "per turn")
+    SUMMARIZER_TOKENS = ("summarizer tokens", "per conversation")
     COST = ("cost", "per conversation")
     ADDED_LATENCY_MS = ("added latency (ms)", "per request")
     TURNS = ("turns", "per conversation")
@@ -261,6 +265,9 @@ def measure(requests: Sequence[ArchivedRequest], prices: Prices | None) -> Conve
         Measure.REASKS: reasks([r.user_text for r in requests if r.user_text is not None]),
         Measure.ABANDONED: float(abandoned(requests)),
     }
+    summarizer_in = sum(r.summarizer_input_tokens for r in requests)
+    summarizer_out = sum(r.summarizer_output_tokens for r in requests)
+    values[Measure.SUMMARIZER_TOKENS] = summarizer_in + summarizer_out
     input_tokens = _sum([a.input_tokens for a in answers])
     cached = _sum([a.cached_tokens for a in answers])
     if input_tokens is not None:
@@ -271,7 +278,10 @@ def measure(requests: Sequence[ArchivedRequest], prices: Prices | None) -> Conve
             values[Measure.CACHED_TOKENS_PER_TURN] = (cached or 0) / turns
         if prices is not None:
             output = _sum([a.output_tokens for a in answers]) or 0
-            values[Measure.COST] = prices.cost(input_tokens, cached or 0, output)
+            # The summarizer's calls at the same prices, none of their input cached.
+            values[Measure.COST] = prices.cost(
+                input_tokens + summarizer_in, cached or 0, output + summarizer_out
+            )
     last = [r.answer for r in requests if r.answer is not None]
     overheads = [a.overhead_ms for a in last if a.overhead_ms is not None]
     if overheads:

@@ -157,7 +157,7 @@ def test_the_report_the_page_and_the_metrics_agree(
         assert metrics[("recap_holdout_conversations", labels)] == size
         assert f'<td>{cohort}</td><td class="num">{size}</td>' in page.text
         assert re.search(rf"^{cohort}\s+{size}\s", text, re.M)
-    assert len(report["measures"]) == 13  # cost too: the tenant sets prices
+    assert len(report["measures"]) == 14  # cost too: the tenant sets prices
     for row in report["measures"]:
         key, title = row["measure"], html.escape(f"{row['label']} {row['unit']}")
         figure_html = page.text.split(f"<b>{title}</b>", 1)[1].split("</figure>", 1)[0]
