@@ -20,10 +20,12 @@ Recap's own window for the model (`--window`) is smaller than the upstream's, so
 compacted cohort is compacted and the held-out one, sent as it came, reaches the upstream's
 limit in its longest sessions (Recap recovers those refusals, docs/holdout.md).
 
-What it can show: the cost side (tokens, cache, cost at the example prices, added latency,
-overflows). What it cannot: the answers are the recorded ones in both cohorts, so the agent's
-behaviour (turns, tool calls, repeats, re-asks, abandonment) is the same by construction,
-and the report shows those differences as 0. Only live traffic measures those.
+What it can show: the cost side (tokens, cache, summarizer tokens, cost at the example
+prices, added latency, overflows). What it cannot: every answer is the recorded one, whatever
+Recap sent, so the agent's behaviour (turns, tool calls, repeats, re-asks, abandonment)
+differs between the cohorts only by which sessions the hash put in which: a difference there
+is noise by construction, and the intervals should call it so. Only live traffic measures
+what compaction does to an agent's behaviour.
 
 Usage (from the repository root):
     python -m benchmarks.holdout [--holdout 0.5] [--window 4000] [--upstream-window 8000]
