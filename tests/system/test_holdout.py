@@ -145,6 +145,8 @@ def test_the_report_the_page_and_the_metrics_agree(
         headers={"authorization": f"Bearer {ADMIN}"},
     )
     assert page.status_code == 200, page.text
+    listing = httpx.get(f"{base}/recap/", headers={"authorization": f"Bearer {ADMIN}"})
+    assert 'href="/recap/report?tenant=default">holdout report</a>' in listing.text
     assert main(["report", "--config", str(config_file), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert main(["report", "--config", str(config_file)]) == 0
