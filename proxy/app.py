@@ -214,7 +214,8 @@ def create_app(
         return JSONResponse({"status": "ready"})
 
     async def metrics_endpoint(request: Request) -> Response:
-        # No key: scrapers rarely carry one, and no label names a tenant or conversation.
+        # No key: scrapers rarely carry one, and no label names a conversation.
+        await metrics.refresh_holdout(request.state.recap, time.time())
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def not_found(request: Request) -> Response:

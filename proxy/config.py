@@ -139,6 +139,23 @@ class Summarizer:
 
 
 @dataclass(frozen=True)
+class Prices:
+    """A tenant's prices in money per million tokens, for the holdout report's cost
+    (docs/holdout.md): uncached input, input its prompt cache served, and output."""
+
+    input: float
+    output: float
+    # None: cached input at the input price (an upstream without a cache discount).
+    cached_input: float | None = None
+
+    def cost(self, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:
+        """`input_tokens` counts all of the input, the cached part too."""
+        cached = self.input if self.cached_input is None else self.cached_input
+        uncached = max(0, input_tokens - cached_tokens)
+        return (uncached * self.input + cached_tokens * cached + output_tokens * self.output) / 1e6
+
+
+@dataclass(frozen=True)
 class Tenant:
     name: str
     api_keys: tuple[str, ...] = ()
@@ -154,6 +171,8 @@ class Tenant:
     # Share (0..1) of this tenant's conversations held out of compaction, chosen by a stable
     # hash of tenant + conversation key (proxy/planning/cohort.py; docs/holdout.md).
     holdout: float = 0.0
+    # Per million tokens; None: the holdout report shows no cost.
+    prices: Prices | None = None
 
     @property
     def is_open(self) -> bool:
@@ -207,6 +226,9 @@ class StoreSettings:
     archive: Archive
     tenants: tuple[str, ...]
     base_dir: str
+    # For `recap report`: the tenants that set prices, and every tenant's holdout share.
+    prices: Mapping[str, Prices] = field(default_factory=dict)
+    holdouts: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -238,8 +260,16 @@ class Config:
         return self.default_context_window
 
     def store_settings(self) -> StoreSettings:
+        prices = {n: t.prices for n, t in self.tenants.items() if t.prices is not None}
+        holdouts = {n: t.holdout for n, t in self.tenants.items()}
         return StoreSettings(
-            self.store, self.store_pool, self.archive, tuple(self.tenants), self.base_dir
+            self.store,
+            self.store_pool,
+            self.archive,
+            tuple(self.tenants),
+            self.base_dir,
+            prices,
+            holdouts,
         )
 
     def resolve_path(self, path: str) -> Path:
@@ -363,10 +393,15 @@ def _build(cls: type, data: Any, where: str, env: Mapping[str, str], extra: dict
         if key not in fields or key in extra or key == "base_dir":
             raise ConfigError(f"unknown config key: {name}")
         kwargs[key] = _convert(hints[key], raw, name, env)
-        if hints[key] in (int, float):
+        value = kwargs[key]
+        if isinstance(value, int | float) and not isinstance(value, bool):  # optional ones too
             BOUNDS.get((cls, key), AT_LEAST_0).check(kwargs[key], name)
         if (cls, key) in URLS:
             _check_url(kwargs[key], name)
+    for f in fields.values():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and f.name not in kwargs:
+            raise ConfigError(f"missing config key: {where + '.' if where else ''}{f.name}")
     return cls(**kwargs)
 
 
@@ -496,9 +531,31 @@ def parse_store_settings(
         archive=_build(Archive, data.get("archive"), "archive", env, {}),
         tenants=tuple(str(name) for name in tenants),
         base_dir=base_dir,
+        prices=_store_prices(tenants, env),
+        holdouts=_store_holdouts(tenants, env),
     )
     _check_storage(settings)
     return settings
+
+
+def _store_prices(tenants: Mapping[Any, Any], env: Mapping[str, str]) -> dict[str, Prices]:
+    """The tenants' `prices`, checked as the whole config checks them (`recap report`)."""
+    out: dict[str, Prices] = {}
+    for name, raw in tenants.items():
+        section = raw.get("prices") if isinstance(raw, Mapping) else None
+        if section is not None:
+            out[str(name)] = _build(Prices, section, f"tenants.{name}.prices", env, {})
+    return out
+
+
+def _store_holdouts(tenants: Mapping[Any, Any], env: Mapping[str, str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, raw in tenants.items():
+        value = raw.get("holdout", 0.0) if isinstance(raw, Mapping) else 0.0
+        where = f"tenants.{name}.holdout"
+        out[str(name)] = _convert(float, value, where, env)
+        _SHARE.check(out[str(name)], where)
+    return out
 
 
 def _read(path: str | Path) -> tuple[Any, str]:

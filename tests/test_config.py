@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.config import ConfigError, Tenant, load_config, parse_config
+from proxy.config import (
+    ConfigError,
+    Prices,
+    Tenant,
+    load_config,
+    parse_config,
+    parse_store_settings,
+)
 
 pytestmark = pytest.mark.quick
 
@@ -266,3 +273,32 @@ def test_background_precompaction_is_on_by_default_and_can_be_switched_off() -> 
     assert cfg.tenants["a"].compaction.session.precompact_share == 0.8
     assert cfg.tenants["b"].compaction.session.precompact is False
     assert cfg.tenants["b"].compaction.session.precompact_share == 1
+
+
+def test_prices_are_optional_typed_and_checked() -> None:
+    raw = {"input": 2.5, "output": "${OUT}", "cached_input": 1.25}
+    cfg = parse_config(
+        {"tenants": {"a": {"prices": raw}, "b": {"api_keys": ["k"]}}}, env={"OUT": "10"}
+    )
+    assert cfg.tenants["a"].prices == Prices(input=2.5, output=10.0, cached_input=1.25)
+    assert cfg.tenants["b"].prices is None
+    assert cfg.store_settings().prices == {"a": cfg.tenants["a"].prices}
+    assert Prices(input=2, output=8).cost(1000, 400, 10) == pytest.approx((2000 + 80) / 1e6)
+    for bad, where in (
+        ({"input": 1}, "missing config key: tenants.a.prices.output"),
+        ({"input": -1, "output": 1}, "tenants.a.prices.input: must be at least 0"),
+        ({"input": 1, "output": 1, "cached_input": -2}, "tenants.a.prices.cached_input"),
+        ({"input": 1, "output": 1, "cache": 1}, "unknown config key: tenants.a.prices.cache"),
+        ({"input": "cheap", "output": 1}, "tenants.a.prices.input: expected a number"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(where)):
+            parse_config({"tenants": {"a": {"prices": bad}}}, env={})
+
+
+def test_the_store_settings_carry_prices_and_shares_for_recap_report() -> None:
+    data = {"tenants": {"a": {"holdout": 0.25, "prices": {"input": 1, "output": 2}}, "b": None}}
+    settings = parse_store_settings(data, env={})
+    assert settings.holdouts == {"a": 0.25, "b": 0.0}
+    assert settings.prices == {"a": Prices(input=1, output=2)}
+    with pytest.raises(ConfigError, match=r"tenants\.a\.holdout"):
+        parse_store_settings({"tenants": {"a": {"holdout": 2}}}, env={})

@@ -55,6 +55,7 @@ TESTED_ELSEWHERE = {
     "web/chart.py": "tests/web/test_render.py",
     "web/conversation.py": "tests/web/test_render.py",
     "web/diff.py": "tests/web/test_render.py",
+    "web/holdout.py": "tests/system/test_holdout.py",
     "web/layout.py": "tests/web/test_routes.py",
     "web/listing.py": "tests/web/test_render.py",
     "web/markup.py": "tests/web/test_render.py",

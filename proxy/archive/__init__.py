@@ -6,6 +6,7 @@
     inspection  what an operator can ask: listings, detail, the last view, rollback
     export      one conversation as JSON Lines (`recap-archive/1`)
     retention   deleting whole conversations idle past `archive.retention_days`
+    holdout     the holdout report: a tenant's two cohorts compared on what was archived
 
 May import: the store, the history model, the pipeline's types, and below
 (tests/test_layers.py).

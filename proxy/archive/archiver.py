@@ -17,7 +17,9 @@
                             store; without one (or for a record too large to journal on
                             the loop) the writer commits it while the upstream answers and
                             the final bytes wait for that commit
-    after the response      `finish`: the `response` event, journaled too
+    after the response      `finish`: the `response` event (the answer as its dialect's
+                            recorder read it, and the time Recap added before
+                            forwarding), journaled too
 
 The background writer stores queued records in batches, one transaction each: journaled
 ones after `RESPONSE_LINGER_S` (or with the next record that must be committed at once),
@@ -218,6 +220,10 @@ class Archiver:
                     # What each layer did (the log line's `compactions`), from the
                     # typed outcomes; the session summary now applied, if any.
                     "compactions": [o.as_log() for o in ex.outcomes],
+                    # The summarizer's tokens this request's compactions cost (the holdout
+                    # report's cost counts them).
+                    "summarizer_input_tokens": sum(o.summarizer_tokens_in for o in ex.outcomes),
+                    "summarizer_output_tokens": sum(o.summarizer_tokens_out for o in ex.outcomes),
                     "summary_version": session.version if session else None,
                     # Counts are memoised per message: the estimate stage made them.
                     "tokens_before": ex.measure.total(ex.original) if ex.changed else None,
@@ -242,9 +248,11 @@ class Archiver:
     def finish(self, ex: Exchange, answer: Mapping[str, Any] | None) -> None:
         """After the response: its event (the request's was queued by `begin`)."""
         if answer is not None:
+            # The time Recap added before forwarding (the holdout report's added latency).
+            added = {"overhead_ms": ex.record.overhead_ms}
             event: tuple[EventType, Mapping[str, Any]] = (
                 "response",
-                {"request_id": ex.request_id, **answer},
+                {"request_id": ex.request_id, **added, **answer},
             )
             self._record(ExchangeRecord(ex.conversation, [], [event]), urgent=False)
 

@@ -8,11 +8,19 @@ tests build as many apps as they like.
 
 Labels are low-cardinality by construction: a route name (not the path), the HTTP
 status, the classification, a layer, an outcome, an error code. Never a conversation or
-a key; a tenant only on the prompt-cache token counters (configured names, a bounded
-set). `/healthz`, `/readyz` and `/metrics` are not counted.
+a key; a tenant only on the prompt-cache token counters and the holdout series (configured
+names, a bounded set). `/healthz`, `/readyz` and `/metrics` are not counted.
+
+The holdout series (`recap_holdout_*`) are not counted per request: a scrape sets them from
+the holdout report of each tenant that runs a holdout (`archive.holdout.holdout_report`,
+over the last 7 days, the default of `recap report` and the page), recomputed at most every
+HOLDOUT_REFRESH_S, so they show what the report shows: each cohort's size, each measure's
+mean per cohort (`measure` is one of a fixed list), and the difference's Welch interval.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,8 +31,11 @@ from prometheus_client import (
     generate_latest,
 )
 
+from proxy.archive.holdout import DEFAULT_SINCE, HoldoutReport, holdout_report, parse_since
 from proxy.planning.outcome import Layer
 from proxy.record import RequestRecord
+from proxy.state import AppState
+from proxy.store.base import StoreError
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "compactions_of", "route_of"]
 
@@ -35,6 +46,8 @@ _OVERHEAD_BUCKETS = (
 )
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _SUMMARIZER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+# The holdout series are computed from the archive at a scrape, at most this often.
+HOLDOUT_REFRESH_S = 300.0
 
 
 def route_of(record: RequestRecord) -> str:
@@ -152,8 +165,89 @@ class Metrics:
         )
         # -- end cache --
 
+        # -- holdout --
+        self.holdout_conversations = Gauge(
+            "recap_holdout_conversations",
+            "Conversations of each holdout cohort in the report's period (the last 7 days).",
+            ["tenant", "cohort"],
+            registry=r,
+        )
+        self.holdout_requests = Gauge(
+            "recap_holdout_requests",
+            "Requests of each holdout cohort in the report's period.",
+            ["tenant", "cohort"],
+            registry=r,
+        )
+        self.holdout_mean = Gauge(
+            "recap_holdout_mean",
+            "A holdout measure's mean per conversation in each cohort (docs/holdout.md).",
+            ["tenant", "cohort", "measure"],
+            registry=r,
+        )
+        self.holdout_difference = Gauge(
+            "recap_holdout_difference",
+            "Compacted minus holdout mean of a measure, and its Welch 95% interval (bound "
+            "low, estimate, high); an interval holding 0 is noise.",
+            ["tenant", "measure", "bound"],
+            registry=r,
+        )
+        self._holdout_at: float | None = None
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def refresh_holdout(self, state: AppState, now: float) -> None:
+        """Set the holdout series from the archive, unless they were set less than
+        HOLDOUT_REFRESH_S ago; a store that fails leaves them as they were."""
+        tenants = [t for t in state.config.tenants.values() if t.holdout > 0]
+        if not tenants:
+            return
+        if self._holdout_at is not None and now - self._holdout_at < HOLDOUT_REFRESH_S:
+            return
+        await state.archiver.flush()
+        since = parse_since(DEFAULT_SINCE, now)
+        try:
+            reports = [
+                await holdout_report(
+                    state.store,
+                    t.name,
+                    since=since,
+                    until=now,
+                    prices=t.prices,
+                    holdout=t.holdout,
+                )
+                for t in tenants
+            ]
+        except StoreError:
+            return
+        self._holdout_at = now
+        for report in reports:
+            self.show_holdout(report)
+
+    def show_holdout(self, report: HoldoutReport) -> None:
+        tenant, c = report.tenant, report.comparison
+        for group, counts in c.counts.items():
+            self.holdout_conversations.labels(tenant, group.value).set(counts.conversations)
+            self.holdout_requests.labels(tenant, group.value).set(counts.requests)
+        for row in c.rows:
+            key = row.measure.key
+            for cohort, summary in (("compacted", row.compacted), ("holdout", row.holdout)):
+                if summary.mean is not None:
+                    self.holdout_mean.labels(tenant, cohort, key).set(summary.mean)
+                else:
+                    with contextlib.suppress(KeyError):
+                        self.holdout_mean.remove(tenant, cohort, key)
+            i = row.interval
+            for bound, value in (
+                ("low", i.low if i else None),
+                ("estimate", i.difference if i else None),
+                ("high", i.high if i else None),
+            ):
+                if value is not None:
+                    self.holdout_difference.labels(tenant, key, bound).set(value)
+                else:
+                    with contextlib.suppress(KeyError):
+                        self.holdout_difference.remove(tenant, key, bound)
 
     def observe(self, record: RequestRecord) -> None:
         """Count one finished request from its record."""

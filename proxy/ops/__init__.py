@@ -2,6 +2,7 @@
 
     cli           the `recap` command: serve, tail, and the operator's commands
     operator_cli  conversations, show, export, compact, prune, migrate-store
+    report        `recap report`: the holdout cohorts compared
     lifecycle     the server's start and stop lines
     logs          the log formatters: one JSON or text line per request
     tail          `recap tail`: the JSON log read back as one line per request

@@ -1,6 +1,6 @@
 """The `recap` command: serve, init and tail here; the operator's commands (conversations,
-show, export, rollback, compact, prune, migrate-store) live in `operator_cli.py` and are
-registered below."""
+show, export, rollback, compact, prune, migrate-store) live in `operator_cli.py`, the holdout
+report in `report.py`, and are registered below."""
 
 from __future__ import annotations
 
@@ -155,6 +155,8 @@ def with_store(
 
 def build_parser() -> argparse.ArgumentParser:
     from proxy.ops.operator_cli import add_commands
+    from proxy.ops.report import add_arguments as report_arguments
+    from proxy.ops.report import cmd_report
 
     parser = argparse.ArgumentParser(prog="recap", description="Recap: a context-compaction proxy.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tail_p.set_defaults(func=cmd_tail)
     add_commands(sub, with_config, with_store)
+
+    report = sub.add_parser("report", help="compare a tenant's holdout cohorts on its archive")
+    report.add_argument("--config", help="config file (default: $RECAP_CONFIG or ./config.yaml)")
+    report.set_defaults(func=with_store(cmd_report))
+    report_arguments(report)
     return parser
 
 

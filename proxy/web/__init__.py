@@ -9,6 +9,7 @@ its own session secret. Modules, from the request inwards:
     layout        the page shell (inline CSS, no script), login and error pages, URLs
     listing       the front page: conversations per tenant
     conversation  the conversation page, drawing on chart, diff and messages
+    holdout       the holdout report page, a chart per measure
     markup        escaped HTML: every value passes through html.escape
 """
 

@@ -1,4 +1,5 @@
-"""The conversation page's chart: tokens the client sent vs tokens forwarded, per request.
+"""The page's charts: tokens the client sent vs tokens forwarded, per request (the
+conversation page); each holdout measure's mean in both cohorts (the report page).
 
 Pure: request points in, inline SVG out (no script, no remote asset). Each point
 links to that request's "what the model saw" view. The gap between the two lines
@@ -128,3 +129,55 @@ def tokens_chart(points: Sequence[RequestPoint], link: Callable[[RequestPoint], 
         body=join(parts),
     )
     return Html(legend + svg)
+
+
+# -- the holdout report: one small chart per measure ---------------------------------------
+
+COHORT_WIDTH, COHORT_BAR_H = 420, 18
+COMPACTED, HOLDOUT = SENT, CLIENT
+
+
+def cohort_chart(label: str, bars: Sequence[tuple[str, float | None, str]], caption: str) -> Html:
+    """Both cohorts' means of one measure as two bars from 0, each with its figure
+    (`bars`: name, mean, the mean as printed); `caption`, the difference and its interval,
+    under them."""
+    known = [abs(v) for _, v, _ in bars if v is not None]
+    top = max(known, default=0.0) or 1.0
+    name_w, bar_w = 90, COHORT_WIDTH - 90 - 80
+    parts: list[Html] = []
+    for i, (name, value, text) in enumerate(bars):
+        y = 6 + i * (COHORT_BAR_H + 6)
+        width = bar_w * abs(value) / top if value is not None else 0
+        colour = COMPACTED if i == 0 else HOLDOUT
+        parts.append(
+            render(
+                '<text x="0" y="{ty}" class="axis">{name}</text>'
+                '<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{c}"/>'
+                '<text x="{tx}" y="{ty}" class="axis">{text}</text>',
+                name=name,
+                x=name_w,
+                y=y,
+                w=f"{width:.1f}",
+                h=COHORT_BAR_H,
+                c=colour,
+                tx=f"{name_w + width + 6:.1f}",
+                ty=y + COHORT_BAR_H - 5,
+                text=text,
+            )
+        )
+    height = 6 + len(bars) * (COHORT_BAR_H + 6)
+    svg = render(
+        '<svg class="chart cohorts" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img"'
+        ' aria-label="{label}">{body}</svg>',
+        w=COHORT_WIDTH,
+        h=height,
+        label=label,
+        body=join(parts),
+    )
+    return render(
+        '<figure class="measure"><figcaption><b>{label}</b></figcaption>{svg}'
+        '<p class="muted">{caption}</p></figure>',
+        label=label,
+        svg=svg,
+        caption=caption,
+    )

@@ -53,6 +53,11 @@ max-height:22em;overflow:auto}
 .chart .hit{fill:transparent}
 .chart a:hover .hit{fill:#0969da14}
 .legend{margin:4px 0}
+.measures{display:grid;grid-template-columns:repeat(auto-fill,minmax(440px,1fr));gap:10px;
+margin:12px 0}
+figure.measure{margin:0;background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:8px}
+figure.measure .chart{border:none}
+figure.measure p{margin:2px 0 0}
 .legend span{margin-right:16px}
 .diff{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:8px;max-height:30em;
 overflow:auto}

@@ -50,6 +50,11 @@ def _table(rows: Sequence[dict[str, Any]]) -> Html:
     return render("<table>{head}{rows}</table>", head=Html(head), rows=join(_row(c) for c in rows))
 
 
+def _report_link(tenant: str) -> Html:
+    link = ' <a class="muted" href="{h}">holdout report</a>'
+    return render(link, h=url("/report", tenant=tenant))
+
+
 def list_page(
     listing: dict[str, Any],
     *,
@@ -57,8 +62,10 @@ def list_page(
     shown: str | None,
     who: str,
     csrf: str,
+    holdouts: Sequence[str] = (),
 ) -> Html:
-    """`tenants` are those the operator may see; `shown` the one chosen (None: all)."""
+    """`tenants` are those the operator may see; `shown` the one chosen (None: all);
+    `holdouts` those that run a holdout (their section links to its report)."""
     nav = Html("")
     if len(tenants) > 1:
         links = [
@@ -85,7 +92,12 @@ def list_page(
         # The listing is newest first across tenants; group keeps that order per tenant.
         ordered = sorted(data, key=lambda c: str(c["tenant"]))
         sections = join(
-            render("<h2>Tenant {t}</h2>{table}", t=t, table=_table(list(rows)))
+            render(
+                "<h2>Tenant {t}{report}</h2>{table}",
+                t=t,
+                report=_report_link(t) if t in holdouts else Html(""),
+                table=_table(list(rows)),
+            )
             for t, rows in groupby(ordered, key=lambda c: str(c["tenant"]))
         )
     more = Html("")

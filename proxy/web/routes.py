@@ -10,12 +10,14 @@ an HTML page with their status.
     GET  /recap/login, POST           the login form (one field, `key`)
     POST /recap/logout
     GET  /recap/conversation          ?tenant=&key= (&request=EVENT_ID &from=V &to=W)
+    GET  /recap/report                ?tenant=&since= (the holdout report)
     POST /recap/compact               form: tenant, key, csrf
     POST /recap/rollback              form: tenant, key, version ("" for none), csrf
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs
@@ -24,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from proxy.archive.holdout import DEFAULT_SINCE, holdout_report, parse_since
 from proxy.archive.inspection import detail, list_page, parse_version, rollback
 from proxy.edge.operator import Caller, manual_compaction, resolve_caller
 from proxy.errors import BadRequest, Conflict, NotFound, RecapError, Unauthorized
@@ -39,6 +42,7 @@ from proxy.web.auth import (
     presented,
 )
 from proxy.web.conversation import ConversationView, conversation_page
+from proxy.web.holdout import report_page
 from proxy.web.layout import conversation_url, error_page, login_page, url
 from proxy.web.listing import list_page as render_list
 from proxy.web.timeline import ChosenRequest, read_timeline, resolve
@@ -164,8 +168,15 @@ async def _home(visit: Visit) -> Response:
     shown = caller.tenant.name if caller.tenant else None
     listing = await list_page(visit.state.store, shown, PAGE_SIZE, before)
     tenants = list(visit.state.config.tenants) if caller.admin else [shown or ""]
+    config = visit.state.config
+    held = [t for t in tenants if t in config.tenants and config.tenants[t].holdout > 0]
     body = render_list(
-        listing, tenants=tenants, shown=shown, who=visit.who(caller), csrf=visit.csrf
+        listing,
+        tenants=tenants,
+        shown=shown,
+        who=visit.who(caller),
+        csrf=visit.csrf,
+        holdouts=held,
     )
     return _html(body)
 
@@ -249,6 +260,23 @@ async def _show(visit: Visit) -> Response:
     return _html(conversation_page(view, who=visit.who(caller), csrf=visit.csrf))
 
 
+async def _report(visit: Visit) -> Response:
+    params = visit.request.query_params
+    caller = visit.caller(params.get("tenant") or None, need_tenant=True)
+    assert caller.tenant is not None  # need_tenant
+    since = params.get("since") or DEFAULT_SINCE
+    now = time.time()
+    report = await holdout_report(
+        visit.state.store,
+        caller.tenant.name,
+        since=parse_since(since, now),
+        until=now,
+        prices=caller.tenant.prices,
+        holdout=caller.tenant.holdout,
+    )
+    return _html(report_page(report, since, who=visit.who(caller), csrf=visit.csrf))
+
+
 async def _compact(visit: Visit) -> Response:
     form = await visit.form()
     caller, conv = _conversation(visit, form.get("tenant"), form.get("key"))
@@ -287,6 +315,7 @@ def web_routes(sessions: Sessions) -> list[Route]:
         route("/login", _login, "POST"),
         route("/logout", _logout, "POST"),
         route("/conversation", _show, "GET"),
+        route("/report", _report, "GET"),
         route("/compact", _compact, "POST"),
         route("/rollback", _rollback, "POST"),
         Route("/recap/{path:path}", _endpoint(sessions, _unknown)),

@@ -87,3 +87,22 @@ async def test_drain_writes_what_lingers(tmp_path: Path) -> None:
             "request",
             "response",
         ]
+
+
+async def test_the_response_event_carries_the_time_recap_added(tmp_path: Path) -> None:
+    """The holdout report's added latency is read from here (proxy/archive/holdout.py)."""
+    store = CountingStore(str(tmp_path / "recap.db"))
+    async with store:
+        archiver = Archiver(store)
+        ex = exchange("a")
+        ex.record.overhead_ms = 12.5
+        await archiver.begin(ex)
+        archiver.finish(ex, {"status": 200, "finish_reason": "stop"})
+        await archiver.drain(timeout=5)
+        events = [e async for e in store.events(ConversationRef("default", "c"))]
+        assert events[-1].payload == {
+            "request_id": "a",
+            "overhead_ms": 12.5,
+            "status": 200,
+            "finish_reason": "stop",
+        }

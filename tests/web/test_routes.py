@@ -385,3 +385,19 @@ def test_the_window_a_decision_used_is_shown_beside_the_configured_one(site: Sit
     assert shown is not None, text
     used, conf = (int(x.replace(",", "")) for x in shown.groups())
     assert conf == configured and used < configured, shown.group(0)
+
+
+def test_the_holdout_report_follows_the_tenant_rules(shared_site: Site) -> None:
+    a = logged_in(shared_site, KEYS["a"])
+    r = a.get("/recap/report")
+    assert r.status_code == 200 and "Holdout: tenant a" in r.text
+    # Tenant a runs no holdout: its conversations are in no cohort, and said to be left out.
+    assert "in no single cohort left out" in r.text
+    assert a.get("/recap/report", params={"tenant": "b"}).status_code == 404
+    bad = a.get("/recap/report", params={"since": "yesterday"})
+    assert bad.status_code == 400 and "since must be an age" in bad.text
+    admin = logged_in(shared_site, ADMIN)
+    assert admin.get("/recap/report").status_code == 400  # two tenants: name one
+    assert admin.get("/recap/report", params={"tenant": "b", "since": "1h"}).status_code == 200
+    # No holdout, no link to its report on the listing.
+    assert "holdout report" not in admin.get("/recap/").text
