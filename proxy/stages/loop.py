@@ -1,17 +1,24 @@
 """The loop stage: inside one turn's tool loop, older rounds -> the turn's working summary.
 
 Runs on tool_continuation requests, after the session stage (it works on the view the
-session stage assembled). Planning is pure (`loop.plan_loop`); this stage does the IO:
+session stage assembled). Planning is pure and one call (`loop_calls.plan_loop_compaction`:
+`plan_loop`'s decision, the one summarizer call with its transcript, the scene's values and
+limits); this stage does the IO around it:
 
-    find the working summary that covers a prefix of this turn's rounds exactly: each is
-    stored under the chain hash of the client's history through the last round it covers,
-    so it applies only when the request holds that history, in order, unchanged (the same
-    rule as session summaries); the longest match wins
-    plan; when rounds are due, under the conversation's lock re-check (another step of
-    the same loop may have done it), summarise the due rounds merged into the working
-    summary, store it under the hash of what it now covers (kept for the turn, with a TTL)
-    assemble: up to the turn's user message, the working summary, the newest rounds raw
+    a cheap pre-check, then `may_apply`: below both triggers, nothing to look up (pure)
+    find the working summary covering a prefix of this turn's rounds exactly    (store)
+    plan                                                                         (pure)
+    when rounds are due, under the conversation's lock: re-read, and re-plan if
+    another step of this loop stored a working summary meanwhile          (store, pure)
+    send the planned call (the due rounds merged into the working summary), store
+    what it returns under the hash of what it now covers, with a TTL (summarizer, store)
+    report (`compaction_outcome`), queue the audit row             (pure, audit writer)
+    assemble up to the turn's user message, the working summary, the newest rounds
+    raw (`applied_view`)                                                         (pure)
 
+Each working summary is stored under the chain hash of the client's history through the
+last round it covers, so it applies only when the request holds that history, in order,
+unchanged (the same rule as session summaries); the longest match wins.
 The client re-sends the whole loop on every step, so the stored working summary is
 reused without a new call until the next `loop_trigger_tool_rounds` rounds are due.
 A client that keeps its own sliding window of rounds, a retried or forked turn, or
@@ -23,39 +30,32 @@ A failure sends the working set as it was (the trim stage still runs after this 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Mapping
 
 from proxy.config import LoopCompaction
 from proxy.history.conversation import is_turn_start, tool_rounds, turn_starts
-from proxy.history.messages import Classification, Message, is_pinned
+from proxy.history.messages import Classification, Message
 from proxy.pipeline import Exchange
-from proxy.planning.budget import (
-    MIN_TRANSCRIPT_TOKENS,
-    CallLimits,
-    TranscriptBudget,
-    item_weights,
-)
-from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.guard import Earlier, Seen
-from proxy.planning.loop import LoopPlan, LoopState, loop_view, plan_loop, trigger_tokens
-from proxy.planning.outcome import CompactionOutcome, Layer, done_words, retry_detail
-from proxy.planning.transcript import (
-    content_text,
-    detect_language,
-    head_tail,
-    render_within,
+from proxy.planning.loop import LoopState, trigger_tokens
+from proxy.planning.loop_calls import (
+    LoopCompactionPlan,
+    LoopSnapshot,
+    applied_view,
+    compaction_outcome,
+    failed_outcome,
+    may_apply,
+    plan_loop_compaction,
+    replaced_chars,
+    with_applied,
 )
+from proxy.planning.outcome import CompactionOutcome, Layer, done_words, retry_detail
+from proxy.planning.session_calls import NO_ROOM, SceneWeight
 from proxy.stages.audit import audit, log_started
 from proxy.stages.scenes import SceneSet
-from proxy.stages.summarize import (
-    Summarizer,
-    SummarizerFailed,
-    SummaryResult,
-    call_limits,
-)
+from proxy.stages.summarize import Summarizer, SummarizerFailed, SummaryResult, scene_tokens
 from proxy.store.base import CompactionRecord, LoopSummary, Store
 
 log = logging.getLogger("recap.loop")
@@ -87,52 +87,55 @@ class LoopStage:
         if covers is None:
             return
         turn_hash, hashes = covers
-        count = ex.measure.tokens
-
-        probe = plan_loop(messages, None, policy, count, ex.context_window)
-        if probe.skip_reason == "below_threshold" or not probe.rounds:
+        snap = self._snapshot(ex, policy, messages)
+        if not may_apply(snap):
             # The working set only grows within a turn: if it is below both triggers
             # now, no earlier step compacted it, so there is no summary to look up.
             return
-        rounds = {"tool_rounds": len(probe.rounds)}
         state = await self._state(ex, hashes)
-
-        def replan(state: LoopState | None) -> LoopPlan:
-            def budget() -> TranscriptBudget:
-                return self._limits(ex, policy, probe, state).budget
-
-            return plan_loop(messages, state, policy, count, ex.context_window, budget)
-
-        plan = replan(state)
-        outcome = CompactionOutcome(
-            Layer.LOOP, "skipped", plan.trigger, plan.skip_reason, extra=rounds
-        )
-        if plan.compact_rounds is not None and not await ex.ensure_archived():
+        snap = dataclasses.replace(snap, state=state)
+        plan = plan_loop_compaction(snap)
+        outcome = plan.skipped()
+        if plan.compacts and not await ex.ensure_archived():
             outcome = dataclasses.replace(outcome, skip_reason="archive_failed")
-        elif plan.compact_rounds is not None:
+        elif plan.compacts:
             async with self.store.conversation_lock(ex.conversation):
                 # Another step of this loop may have summarised these rounds meanwhile.
                 fresher = await self._state(ex, hashes)
                 if fresher != state:
                     state = fresher
-                    plan = replan(state)
-                    outcome = dataclasses.replace(outcome, skip_reason=plan.skip_reason)
-                if plan.compact_rounds is not None:
-                    state, outcome = await self._compact(ex, policy, plan, state, turn_hash, hashes)
-                    outcome = dataclasses.replace(outcome, extra=rounds)
+                    snap = dataclasses.replace(snap, state=state)
+                    plan = plan_loop_compaction(snap)
+                    outcome = dataclasses.replace(outcome, skip_reason=plan.decision.skip_reason)
+                if plan.compacts:
+                    state, outcome = await self._compact(ex, snap, plan, turn_hash, hashes)
         if state is not None and state.covered_rounds > 0:
-            language = detect_language(messages[: (plan.turn_start or 0) + 1])
-            message = summary_message(
-                state.summary, ex.tenant.compaction.session.summary_role, language, "loop"
-            )
-            ex.messages = loop_view(messages, state.covered_rounds, message)
-            if plan.turn_start is not None and ex.messages is not messages:
-                ex.loop_summary_index = plan.turn_start + 1
-                if outcome.action == "skipped":
-                    # A stored working summary applied: that is this layer's work too.
-                    outcome = dataclasses.replace(outcome, action="applied")
-                outcome = dataclasses.replace(outcome, covers=state.covered_rounds)
+            ex.messages = applied_view(snap, plan, state)
+            index = plan.summary_index
+            if index is not None:
+                ex.loop_summary_index = index
+                outcome = with_applied(outcome, state)
         ex.report(outcome)
+
+    def _snapshot(
+        self, ex: Exchange, policy: LoopCompaction, messages: list[Message]
+    ) -> LoopSnapshot:
+        """What the planner reads, the working summary not yet looked up."""
+        scene = self.scenes[ex.tenant.name].get(policy.scene)
+        return LoopSnapshot(
+            messages,
+            None,
+            policy,
+            ex.tenant.compaction.session,
+            ex.context_window,
+            ex.measure.tokens,
+            ex.measure.text,
+            SceneWeight(
+                ex.tenant.summarizer.context_window,
+                scene.max_tokens,
+                scene_tokens(scene, ex.measure.text),
+            ),
+        )
 
     @staticmethod
     def _quiet(messages: list[Message], policy: LoopCompaction, ex: Exchange) -> bool:
@@ -185,110 +188,55 @@ class LoopStage:
     async def _compact(
         self,
         ex: Exchange,
-        policy: LoopCompaction,
-        plan: LoopPlan,
-        state: LoopState | None,
+        snap: LoopSnapshot,
+        plan: LoopCompactionPlan,
         turn_hash: str,
         hashes: list[str],
     ) -> tuple[LoopState | None, CompactionOutcome]:
-        """Summarise the due rounds into the working summary, store it, report."""
-        assert plan.compact_rounds is not None
+        """Send the planned call, store the working summary it returns, report."""
         start = time.perf_counter()
-        log_started(log, ex, Layer.LOOP, plan.trigger)
+        log_started(log, ex, Layer.LOOP, plan.decision.trigger)
         await ex.notify("recap compacting")
-        before = sum(ex.measure.tokens(m) for m in ex.messages)
         try:
-            result = await self._summarize(ex, policy, plan, state)
+            result = await self._summarize(ex, snap, plan)
         except SummarizerFailed as exc:
-            failed = CompactionOutcome(
-                Layer.LOOP,
-                "failed",
-                plan.trigger,
-                failure=exc.reason,
-                tokens_before=before,
-                tokens_after=before,
-                duration_ms=int((time.perf_counter() - start) * 1000),
-                length_retries=int(exc.retried),
-            )
+            duration_ms = int((time.perf_counter() - start) * 1000)
+            failed = failed_outcome(plan, snap, exc.reason, exc.retried, duration_ms)
             await self._audit(ex, plan, failed, "", (0, 0))
             await ex.notify(f"recap compaction failed: {exc.reason}")
             log.warning("loop compaction failed, working set sent as it was: %s", exc.reason)
-            return state, failed
-        new = await self._store(ex, policy, plan, result, turn_hash, hashes)
-        outcome = self._outcome(ex, plan, state, new, result, before, start)
-        await self._audit(ex, plan, outcome, result.model, self._chars(ex, plan, state, new))
+            return snap.state, failed
+        new = await self._store(ex, snap.policy, plan, result, turn_hash, hashes)
+        duration_ms = int((time.perf_counter() - start) * 1000)
+        outcome = compaction_outcome(plan, snap, new, result, duration_ms)
+        await self._audit(ex, plan, outcome, result.model, replaced_chars(plan, snap, new))
         await ex.notify(done_words(outcome))
         return new, outcome
 
-    @staticmethod
-    def _values(ex: Exchange, plan: LoopPlan, state: LoopState | None) -> dict[str, str | int]:
-        """The scene's values but the transcript."""
-        assert plan.turn_start is not None
-        messages = ex.messages
-        session = ex.tenant.compaction.session
-        goal = head_tail(
-            content_text(messages[plan.turn_start].get("content")), session.max_item_chars
-        )
-        return {
-            "existing_summary": state.summary if state else "",
-            "goal": goal,
-            "max_summary_chars": prompt_chars(session.max_summary_chars),
-            "language": detect_language(messages[: plan.turn_start + 1]),
-        }
-
-    def _limits(
-        self, ex: Exchange, policy: LoopCompaction, plan: LoopPlan, state: LoopState | None
-    ) -> CallLimits:
-        """The summarizer's limits for this call; a message weighs what it takes in the
-        transcript (instructions: nothing, they are not summarised)."""
-        session = ex.tenant.compaction.session
-        messages = ex.messages
-        item_tokens = item_weights(messages, session.max_item_chars, ex.measure.text)
-
-        return call_limits(
-            ex.tenant,
-            self.scenes[ex.tenant.name].get(policy.scene),
-            self._values(ex, plan, state),
-            max_chars=session.max_summary_chars,
-            count_text=ex.measure.text,
-            item_tokens=item_tokens,
-        )
-
     async def _summarize(
-        self, ex: Exchange, policy: LoopCompaction, plan: LoopPlan, state: LoopState | None
+        self, ex: Exchange, snap: LoopSnapshot, plan: LoopCompactionPlan
     ) -> SummaryResult:
-        span = plan.compact_span
-        assert span is not None and plan.turn_start is not None
-        session = ex.tenant.compaction.session
-        # Instructions in the span stay in the view (loop_view): not summarised.
-        folded = [m for m in ex.messages[span[0] : span[1]] if not is_pinned(m)]
-        limits = self._limits(ex, policy, plan, state)
-        values = self._values(ex, plan, state)
-        room = limits.budget.first
-        if room < MIN_TRANSCRIPT_TOKENS:
+        call = plan.call
+        assert call is not None
+        if call.transcript is None:
             # The scene and the working summary alone fill summarizer.context_window.
-            raise SummarizerFailed("summarizer context_window too small")
+            raise SummarizerFailed(NO_ROOM)
+        state = snap.state
         return await ex.waiting(
             self.summarizer.summarize(
                 ex.tenant,
-                self.scenes[ex.tenant.name].get(policy.scene),
-                {
-                    # The rounds fit `room`; a single round too large for it is cut to fit.
-                    "transcript": render_within(
-                        folded, session.max_item_chars, room, ex.measure.text
-                    ),
-                    **values,
-                },
+                self.scenes[ex.tenant.name].get(snap.policy.scene),
+                {"transcript": call.transcript, **plan.values},
                 model=ex.model,
                 credentials=ex.credentials,
-                max_chars=session.max_summary_chars,
+                max_chars=snap.session.max_summary_chars,
                 call=ex.dialect.summary_call,
                 replaced=[
                     *([Earlier(state.summary)] if state else []),  # the stored working summary
-                    *folded,
-                    Seen(str(values["goal"])),  # shown, not replaced: the goal stays raw
+                    *call.span,
+                    Seen(plan.goal),  # shown, not replaced: the goal stays raw
                 ],
-                max_tokens=limits.max_tokens,
+                max_tokens=plan.max_tokens,
             )
         )
 
@@ -296,15 +244,14 @@ class LoopStage:
         self,
         ex: Exchange,
         policy: LoopCompaction,
-        plan: LoopPlan,
+        plan: LoopCompactionPlan,
         result: SummaryResult,
         turn_hash: str,
         hashes: list[str],
     ) -> LoopState:
         """Kept under the chain hash of what it covers: it applies to that history only."""
-        assert plan.compact_rounds is not None
         now = time.time()
-        covered = plan.compact_rounds[1]
+        covered = plan.covered_after
         await self.store.put_loop_summary(
             ex.conversation,
             LoopSummary(
@@ -321,66 +268,21 @@ class LoopStage:
         )
         return LoopState(result.text, covered)
 
-    @staticmethod
-    def _outcome(
-        ex: Exchange,
-        plan: LoopPlan,
-        old: LoopState | None,
-        new: LoopState,
-        result: SummaryResult,
-        before: int,
-        start: float,
-    ) -> CompactionOutcome:
-        assert plan.compact_span is not None
-        measure = ex.measure
-        folded = ex.messages[plan.boundary(plan.covered_rounds) : plan.compact_span[1]]
-        after = (
-            before
-            - sum(measure.tokens(m) for m in folded)
-            + measure.text(new.summary)
-            - (measure.text(old.summary) if old else 0)
-        )
-        return CompactionOutcome(
-            Layer.LOOP,
-            "compacted",
-            plan.trigger,
-            tokens_before=before,
-            tokens_after=after,
-            duration_ms=int((time.perf_counter() - start) * 1000),
-            count=new.covered_rounds - plan.covered_rounds,
-            covers=new.covered_rounds,
-            summarizer_tokens_in=result.input_tokens,
-            summarizer_tokens_out=result.output_tokens,
-            restored_references=result.restored_references,
-            calls=1,
-            length_retries=int(result.retried),
-            salvaged=int(result.salvaged),
-        )
-
-    @staticmethod
-    def _chars(
-        ex: Exchange, plan: LoopPlan, old: LoopState | None, new: LoopState
-    ) -> tuple[int, int]:
-        """Characters of what the summary replaced (old summary + rounds) and of itself."""
-        assert plan.compact_span is not None
-        folded = ex.messages[plan.boundary(plan.covered_rounds) : plan.compact_span[1]]
-        before = sum(len(json.dumps(m, ensure_ascii=False)) for m in folded)
-        return before + (len(old.summary) if old else 0), len(new.summary)
-
     async def _audit(
         self,
         ex: Exchange,
-        plan: LoopPlan,
+        plan: LoopCompactionPlan,
         outcome: CompactionOutcome,
         model: str,
         chars: tuple[int, int],
     ) -> None:
+        decision = plan.decision
         await audit(
             self.store,
             ex.conversation,
             CompactionRecord(
                 layer=Layer.LOOP,
-                reason=str(plan.trigger),
+                reason=plan.reason,
                 outcome="failed" if outcome.failure else "ok",
                 detail=retry_detail(outcome.failure, outcome.length_retries, outcome.salvaged),
                 tokens_before=outcome.tokens_before or 0,
@@ -392,9 +294,9 @@ class LoopStage:
             ),
             {
                 "request_id": ex.request_id,
-                "covered_rounds_before": plan.covered_rounds,
-                "covered_rounds": plan.compact_rounds[1] if plan.compact_rounds else None,
-                "tool_rounds": len(plan.rounds),
+                "covered_rounds_before": decision.covered_rounds,
+                "covered_rounds": decision.compact_rounds[1] if decision.compact_rounds else None,
+                "tool_rounds": len(decision.rounds),
                 "length_retries": outcome.length_retries,
                 "salvaged": outcome.salvaged,
             },
