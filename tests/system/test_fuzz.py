@@ -247,6 +247,27 @@ CONFIG = parse_config({"tenants": {"t": {}}}, env={})
 TENANT = CONFIG.tenants["t"]
 
 
+# What a key may not hold (proxy/history/identity.py): controls, and in the UTF-8 a header's
+# latin-1 bytes are, C1 controls, line separators and bidi controls.
+FORMAT = frozenset(
+    {*range(0x80, 0xA0), 0x61C, 0x200E, 0x200F, *range(0x2028, 0x202F), *range(0x2066, 0x206A)}
+)
+
+
+def unsafe(header: str) -> bool:
+    text = header
+    if max(header, default="\x00") <= "\xff":
+        text = header.encode("latin-1").decode("utf-8", "ignore")
+    return any(ord(c) < 32 or ord(c) == 127 for c in header) or any(ord(c) in FORMAT for c in text)
+
+
+def test_a_header_key_whose_utf_8_is_a_c1_control_is_refused_and_the_check_knows_it() -> None:
+    # Found by hypothesis: b"\xc2\x80" read as latin-1 is U+0080 in UTF-8.
+    with pytest.raises(BadRequest):
+        conversation_ref(CONFIG, TENANT, {"x-session-id": "\xc2\x80"}, {"messages": []})
+    assert unsafe("\xc2\x80") and not unsafe("caf\xc3\xa9")
+
+
 # A hang guard for thousands of examples, not one: a loaded machine takes minutes.
 @pytest.mark.timeout(600)
 @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
@@ -272,9 +293,7 @@ def test_pure_parts_never_raise_and_keep_valid_histories_valid(
         conv = conversation_ref(CONFIG, TENANT, headers, body)
     except BadRequest:
         keys = [v for k, v in headers.items() if k != "authorization" and v]
-        assert any(
-            len(v) > MAX_KEY_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in v) for v in keys
-        )
+        assert any(len(v) > MAX_KEY_CHARS or unsafe(v) for v in keys)
         conv = ConversationRef("t", "bad")
     COUNTER.count_messages(messages, "gpt-4o")
 
