@@ -91,13 +91,15 @@ def build_stages(state: AppState) -> list[Stage]:
     session = SessionStage(
         state.store, summarizer, scenes, state.counter, config.tenants, clock=state.clock
     )
-    # The next turn's summary, made after an answer with the session stage's own parts.
-    state.ahead = Ahead(session, config.tenants)
+    loop = LoopStage(state.store, summarizer, scenes)
+    # The next turn's summary and the next step's working summary, made in the background
+    # with the stages' own parts.
+    state.ahead = Ahead(session, loop, config.tenants)
     return [
         MeasureOffLoop(),
         ArchiveOriginals(state.archiver, state.fingerprints),
         session,
-        LoopStage(state.store, summarizer, scenes),
+        loop,
         TrimStage(state.store),
         FitToWindow(state.store),
         EstimateTokens(),
@@ -215,7 +217,10 @@ def create_app(
 
     async def metrics_endpoint(request: Request) -> Response:
         # No key: scrapers rarely carry one, and no label names a conversation.
-        await metrics.refresh_holdout(request.state.recap, time.time())
+        state: AppState = request.state.recap
+        await metrics.refresh_holdout(state, time.time())
+        if state.ahead is not None:
+            metrics.show_ahead(state.ahead.counts)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def not_found(request: Request) -> Response:

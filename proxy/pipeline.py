@@ -25,6 +25,7 @@ from proxy.dialects.chat import ChatDialect
 from proxy.history.identity import credentials_of
 from proxy.history.measure import Measure
 from proxy.history.messages import Classification, Message, chain_of, split_pinned
+from proxy.planning.loop_calls import LoopBasis
 from proxy.planning.outcome import CompactionOutcome, Layer, layers
 from proxy.planning.session import AppliedSummary
 from proxy.record import RequestRecord
@@ -101,6 +102,8 @@ class Exchange:
     # The stored session summary that view applies (planning the next turn ahead reads it).
     session_summary: AppliedSummary | None = None
     loop_summary_index: int | None = None
+    # What the loop stage saw of a tool continuation (planning the next step ahead reads it).
+    loop_basis: LoopBasis | None = None
     # Fingerprints of the originals the trim stage replaced by placeholders.
     trimmed: list[str] = field(default_factory=list)
     # Fingerprints of the client's messages the last resort dropped (fit_to_window).

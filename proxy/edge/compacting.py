@@ -90,6 +90,9 @@ class CompactingRoute(Route):
             if isinstance(sent, RecapError):
                 raise sent
             response = sent
+            if exchange is not None and call.state.ahead is not None and sent.status_code == 200:
+                # While the model works: the next step's working summary (a tool loop).
+                call.state.ahead.after_forward(exchange)
         except RecapError as err:
             record.error = err.code
             if committed is not None and exchange is not None:

@@ -21,6 +21,7 @@ mean per cohort (`measure` is one of a fixed list), and the difference's Welch i
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -30,10 +31,13 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from proxy.archive.holdout import DEFAULT_SINCE, HoldoutReport, holdout_report, parse_since
 from proxy.planning.outcome import Layer
 from proxy.record import RequestRecord
+from proxy.stages.ahead import AheadCounts
 from proxy.state import AppState
 from proxy.store.base import StoreError
 
@@ -165,6 +169,10 @@ class Metrics:
         )
         # -- end cache --
 
+        # -- background pre-compaction (stages/ahead.py) --
+        self._ahead = _AheadCollector()
+        r.register(self._ahead)
+
         # -- holdout --
         self.holdout_conversations = Gauge(
             "recap_holdout_conversations",
@@ -195,6 +203,11 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def show_ahead(self, counts: AheadCounts) -> None:
+        """Background pre-compaction's jobs (stages/ahead.py), read at a scrape: the counts
+        only grow, so they are counters, set from the app's own tally."""
+        self._ahead.counts = counts
 
     async def refresh_holdout(self, state: AppState, now: float) -> None:
         """Set the holdout series from the archive, unless they were set less than
@@ -290,3 +303,23 @@ class Metrics:
             self.remote_compactions.labels(
                 record.remote.action, "" if reused is None else str(bool(reused)).lower()
             ).inc()
+
+
+class _AheadCollector(Collector):
+    """`recap_background_compactions_total` by outcome, from the app's AheadCounts."""
+
+    OUTCOMES = ("started", "stored", "failed", "cancelled", "busy")
+
+    def __init__(self) -> None:
+        self.counts = AheadCounts()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "recap_background_compactions",
+            "Background pre-compaction jobs: started, stored a summary, failed, cancelled"
+            " (the conversation moved on), skipped because the tenant's bound was reached.",
+            labels=["outcome"],
+        )
+        for outcome in self.OUTCOMES:
+            family.add_metric([outcome], getattr(self.counts, outcome))
+        yield family

@@ -168,6 +168,49 @@ def plan_loop_compaction(snap: LoopSnapshot) -> LoopCompactionPlan:
     return LoopCompactionPlan(decision, LoopCall(transcript, folded), values(), limits().max_tokens)
 
 
+# The next step's tool round, unknown while the model works on this one: one call, its result.
+NEXT_ROUND: tuple[Message, ...] = (
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "recap-next", "type": "function", "function": {"name": "next", "arguments": ""}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "recap-next", "content": ""},
+)
+
+
+@dataclass(frozen=True)
+class LoopBasis:
+    """What the loop stage saw of a tool continuation, kept for planning the next step ahead:
+    its snapshot (the stored working summary in it) and the hashes its working summaries are
+    stored under (`turn_hash`; `hashes[k - 1]`: the history through the k-th tool round,
+    which ends at `ends[k - 1]` in the client's body)."""
+
+    snap: LoopSnapshot
+    turn_hash: str
+    hashes: tuple[str, ...]
+    ends: tuple[int, ...]
+
+
+def plan_loop_ahead(snap: LoopSnapshot) -> tuple[LoopSnapshot, LoopCompactionPlan]:
+    """The loop compaction the next step would make, planned while the model works on this
+    one (background pre-compaction, stages/ahead.py): on this view and one more tool round.
+    Kept only when it folds rounds this view already holds (the next step shares their
+    hashes; the new round is not known yet): the planner keeps at least one round raw, so
+    this holds by its rules, and is checked all the same. Returns the snapshot it was
+    planned on (for the outcome) and the plan; the plan compacts nothing when no such fold
+    is due."""
+    ahead = dataclasses.replace(snap, messages=[*snap.messages, *NEXT_ROUND])
+    plan = plan_loop_compaction(ahead)
+    rounds = len(plan.decision.rounds) - 1
+    compact = plan.decision.compact_rounds
+    if compact is None or compact[1] > rounds:
+        return ahead, LoopCompactionPlan(dataclasses.replace(plan.decision, compact_rounds=None))
+    return ahead, plan
+
+
 def compaction_outcome(
     plan: LoopCompactionPlan,
     snap: LoopSnapshot,

@@ -1,4 +1,4 @@
-"""Background pre-compaction: the summary the next turn start needs, made after an answer.
+"""Background pre-compaction: the summaries the next request needs, made before it comes.
 
 A turn that crosses a session trigger would wait for its summarizer calls before its own
 model call. Instead, once an answer has reached its client, `Ahead.after_answer` plans the
@@ -10,15 +10,21 @@ it at once when its history extends that prefix, and a history that does not (an
 fork, a regenerated answer) never matches it: a background version is one more version
 under the same content-addressed invariant (seed 003's overwrite conflict cannot arise).
 
+Inside a tool loop the same is done for loop working memory, and earlier: once a tool
+continuation is forwarded, while the model works on it, `Ahead.after_forward` plans the loop
+compaction the next step would make (`loop_calls.plan_loop_ahead`: this view and one more
+tool round) and, when it folds rounds this request already holds, makes that working summary
+in the background, stored under the hash of the rounds it covers like any other.
+
 Rules, and why:
 - Bounded per tenant: at most `max(1, summarizer.max_concurrency // 2)` jobs at once, and
   their calls take none of the live calls' slots, so no request waits in Recap for
   background work. A job over the bound is not queued (it is skipped, and counted): by the
   time a slot frees, the conversation has usually moved on, and the next answer plans
   afresh.
-- One job per conversation; it runs under the conversation's lock (the store's, so across
-  replicas too). A request of the same conversation that must compact waits on that lock
-  and then reuses the version, as it would another request's work.
+- One job per conversation (session or loop); it runs under the conversation's lock (the
+  store's, so across replicas too). A request of the same conversation that must compact
+  waits on that lock and then reuses the version, as it would another request's work.
 - Cancelled when the conversation moves on so that it is useless: a request of the
   conversation whose history no longer holds the prefix the job folds (`moved_on`). A
   cancelled job stores nothing more (a version already stored stays: it is valid).
@@ -33,17 +39,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.config import Tenant
 from proxy.pipeline import Exchange
+from proxy.planning import loop_calls
 from proxy.planning.outcome import Layer
 from proxy.planning.session_calls import compaction_outcome, plan_ahead
 from proxy.stages.audit import log_started
+from proxy.stages.loop import LoopStage
 from proxy.stages.session import SessionStage, as_applied
+from proxy.stages.summarize import SummarizerFailed
 from proxy.store.base import ConversationRef, StoreError
 
 log = logging.getLogger("recap.ahead")
@@ -72,6 +83,7 @@ class _Job:
 @dataclass
 class Ahead:
     session: SessionStage
+    loop: LoopStage
     tenants: Mapping[str, Tenant]
     counts: AheadCounts = field(default_factory=AheadCounts)
     _jobs: dict[ConversationRef, _Job] = field(default_factory=dict)
@@ -81,20 +93,28 @@ class Ahead:
         return max(1, tenant.summarizer.max_concurrency // 2)
 
     def after_answer(self, ex: Exchange) -> None:
-        """Start the next turn's compaction in the background, if it is due (never raises)."""
+        """Start the next turn's compaction in the background, if it is due (never raises:
+        compaction is an optimisation, and this runs as the request finishes)."""
+        try:
+            self._after_answer(ex)
+        except Exception:
+            log.exception("planning ahead failed", extra={"request_id": ex.request_id})
+
+    def after_forward(self, ex: Exchange) -> None:
+        """While the model works on a tool continuation, make the working summary its next
+        step will need, if one is due then (never raises)."""
+        try:
+            self._after_forward(ex)
+        except Exception:
+            log.exception("planning ahead failed", extra={"request_id": ex.request_id})
+
+    def _after_answer(self, ex: Exchange) -> None:
         policy = ex.tenant.compaction.session
-        if not (policy.enabled and policy.precompact) or ex.control != "auto" or ex.held_out:
-            return
-        if ex.conversation in self._jobs or ex.archive_now is None or ex.archive_failed:
+        pinned, body = ex.split
+        if not policy.enabled or len(body) < 2:
             return
         breaker = self.session.breakers.get(ex.tenant.name)
-        if breaker is not None and breaker.open(ex.conversation):
-            return
-        pinned, body = ex.split
-        if len(body) < 2:
-            return
-        if self._running.get(ex.tenant.name, 0) >= self.bound(ex.tenant):
-            self.counts.busy += 1
+        if (breaker is not None and breaker.open(ex.conversation)) or not self._may_start(ex):
             return
         # Planning counts the history: cheap next to the call, but not for free, so a
         # history far below the scaled triggers is told without counting.
@@ -106,10 +126,41 @@ class Ahead:
         plan = plan_ahead(snap, share)
         if not plan.calls:
             return
-        end = plan.calls[-1].end
+        self._start(ex, plan.calls[-1].end, self._compact(ex))
+
+    def _after_forward(self, ex: Exchange) -> None:
+        basis = ex.loop_basis
+        if basis is None or not basis.snap.policy.enabled or not self._may_start(ex):
+            return
+        _, plan = loop_calls.plan_loop_ahead(basis.snap)
+        if not plan.compacts:
+            return
+        # The rounds it folds end at body[:end] of the client's history, whose hash it is.
+        covered = plan.covered_after
+        end, boundary = basis.ends[covered - 1], basis.hashes[covered - 1]
+        self._start_at(ex, boundary, self._compact_loop(ex, basis), end)
+
+    def _may_start(self, ex: Exchange) -> bool:
+        policy = ex.tenant.compaction.session
+        if not policy.precompact or ex.control != "auto" or ex.held_out:
+            return False
+        return not (ex.conversation in self._jobs or ex.archive_now is None or ex.archive_failed)
+
+    def _start(self, ex: Exchange, end: int, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work`, a job folding the client's body[:end]."""
+        self._start_at(ex, ex.identity.chain[end - 1], work, end)
+
+    def _start_at(
+        self, ex: Exchange, boundary: str, work: Coroutine[Any, Any, None], end: int
+    ) -> None:
+        if self._running.get(ex.tenant.name, 0) >= self.bound(ex.tenant):
+            # Due, but the tenant's bound is reached: skipped, not queued.
+            self.counts.busy += 1
+            work.close()
+            return
         self._running[ex.tenant.name] = self._running.get(ex.tenant.name, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._run(ex))
-        self._jobs[ex.conversation] = _Job(task, ex.tenant.name, end, ex.identity.chain[end - 1])
+        task = asyncio.get_running_loop().create_task(self._run(ex, work))
+        self._jobs[ex.conversation] = _Job(task, ex.tenant.name, end, boundary)
         self.counts.started += 1
         task.add_done_callback(lambda _: self._done(ex.conversation, ex.tenant.name))
 
@@ -145,9 +196,9 @@ class Ahead:
         self._jobs.pop(conv, None)
         self._running[tenant] = max(0, self._running.get(tenant, 0) - 1)
 
-    async def _run(self, ex: Exchange) -> None:
+    async def _run(self, ex: Exchange, work: Coroutine[Any, Any, None]) -> None:
         try:
-            await self._compact(ex)
+            await work
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -189,17 +240,51 @@ class Ahead:
                 self.counts.failed += 1
             elif run.applied is not plan.applied:
                 self.counts.stored += 1
-            _log_done(ex, outcome.action, run.failure, outcome.covers or outcome.count)
+            _log_done(ex, Layer.SESSION, outcome.action, run.failure, outcome.count)
+
+    async def _compact_loop(self, ex: Exchange, basis: loop_calls.LoopBasis) -> None:
+        stage = self.loop
+        if not await ex.ensure_archived():
+            return
+        hashes = list(basis.hashes)
+        async with stage.store.conversation_lock(ex.conversation):
+            # Planned under the lock from what is stored now: the next step may be here.
+            try:
+                state = await stage.state(ex, hashes)
+            except StoreError:
+                self.counts.failed += 1
+                return
+            snap, plan = loop_calls.plan_loop_ahead(dataclasses.replace(basis.snap, state=state))
+            if not plan.compacts:
+                return
+            start = time.perf_counter()
+            log_started(log, ex, Layer.LOOP, f"ahead:{plan.reason}")
+            try:
+                result = await stage.summarize(ex, snap, plan, background=True)
+            except SummarizerFailed as exc:
+                duration_ms = int((time.perf_counter() - start) * 1000)
+                failed = loop_calls.failed_outcome(plan, snap, exc.reason, exc.retried, duration_ms)
+                await stage.audit(ex, plan, failed, "", (0, 0), ahead=True)
+                self.counts.failed += 1
+                _log_done(ex, Layer.LOOP, "failed", exc.reason, None)
+                return
+            new = await stage.store_summary(ex, snap.policy, plan, result, basis.turn_hash, hashes)
+            duration_ms = int((time.perf_counter() - start) * 1000)
+            outcome = loop_calls.compaction_outcome(plan, snap, new, result, duration_ms)
+            chars = loop_calls.replaced_chars(plan, snap, new)
+            await stage.audit(ex, plan, outcome, result.model, chars, ahead=True)
+            self.counts.stored += 1
+            _log_done(ex, Layer.LOOP, outcome.action, "", outcome.count)
 
 
-def _log_done(ex: Exchange, action: str, failure: str, count: int | None) -> None:
+def _log_done(ex: Exchange, layer: Layer, action: str, failure: str, count: int | None) -> None:
     """One line when a background compaction ends: what it stored, or why not."""
     fields = {
         "msg": "background compaction done",
         "request_id": ex.request_id,
         "tenant": ex.tenant.name,
         "conversation": ex.conversation.key,
-        "layer": Layer.SESSION,
+        "layer": layer,
         "action": action,
         "failure": failure or None,
         "count": count,

@@ -41,6 +41,7 @@ from proxy.pipeline import Exchange
 from proxy.planning.guard import Earlier, Seen
 from proxy.planning.loop import LoopState, trigger_tokens
 from proxy.planning.loop_calls import (
+    LoopBasis,
     LoopCompactionPlan,
     LoopSnapshot,
     applied_view,
@@ -81,19 +82,25 @@ class LoopStage:
         if ex.classification != Classification.TOOL_CONTINUATION:
             return
         messages = ex.messages
-        if self._quiet(messages, policy, ex):
+        # Planned ahead (stages/ahead.py), the next step's round counts already.
+        ahead = ex.tenant.compaction.session.precompact
+        if self._quiet(messages, policy, ex, ahead):
             return
         covers = self._covers(ex, messages)
         if covers is None:
             return
-        turn_hash, hashes = covers
+        turn_hash, hashes, ends = covers
         snap = self._snapshot(ex, policy, messages)
         if not may_apply(snap):
             # The working set only grows within a turn: if it is below both triggers
             # now, no earlier step compacted it, so there is no summary to look up.
+            if ahead:
+                ex.loop_basis = LoopBasis(snap, turn_hash, tuple(hashes), tuple(ends))
             return
-        state = await self._state(ex, hashes)
+        state = await self.state(ex, hashes)
         snap = dataclasses.replace(snap, state=state)
+        # The next step's working summary can be made while the model works on this one.
+        ex.loop_basis = LoopBasis(snap, turn_hash, tuple(hashes), tuple(ends))
         plan = plan_loop_compaction(snap)
         outcome = plan.skipped()
         if plan.compacts and not await ex.ensure_archived():
@@ -101,7 +108,7 @@ class LoopStage:
         elif plan.compacts:
             async with self.store.conversation_lock(ex.conversation):
                 # Another step of this loop may have summarised these rounds meanwhile.
-                fresher = await self._state(ex, hashes)
+                fresher = await self.state(ex, hashes)
                 if fresher != state:
                     state = fresher
                     snap = dataclasses.replace(snap, state=state)
@@ -138,8 +145,11 @@ class LoopStage:
         )
 
     @staticmethod
-    def _quiet(messages: list[Message], policy: LoopCompaction, ex: Exchange) -> bool:
-        """Cheap pre-check: too few rounds and tokens for any trigger in this turn so far.
+    def _quiet(
+        messages: list[Message], policy: LoopCompaction, ex: Exchange, ahead: bool = False
+    ) -> bool:
+        """Cheap pre-check: too few rounds and tokens for any trigger in this turn so far
+        (`ahead`: even with the next step's round).
 
         The working set only grows within a turn, so then no step compacted it and
         there is no working summary to look up either.
@@ -152,6 +162,7 @@ class LoopStage:
         rounds_needed = max(policy.loop_recent_tool_rounds, 1) + max(
             policy.loop_trigger_tool_rounds, 1
         )
+        rounds_needed -= 1 if ahead else 0
         if calls >= rounds_needed:
             return False
         measure = ex.measure
@@ -159,9 +170,10 @@ class LoopStage:
         return measure.at_most(messages) < budget or measure.total(messages) < budget
 
     @staticmethod
-    def _covers(ex: Exchange, view: list[Message]) -> tuple[str, list[str]] | None:
+    def _covers(ex: Exchange, view: list[Message]) -> tuple[str, list[str], list[int]] | None:
         """(chain hash through the turn's user message, hashes[k - 1]: the chain hash of the
-        client's history through the turn's k-th tool round), from the client's messages.
+        client's history through the turn's k-th tool round, ends[k - 1]: where that round
+        ends in the client's body), from the client's messages.
 
         The running turn must be in the view exactly as the client sent it (earlier
         stages only rewrite what comes before it); otherwise None: no loop layer.
@@ -175,9 +187,9 @@ class LoopStage:
         if len(sent) != len(seen) or any(a is not b for a, b in zip(sent, seen, strict=True)):
             return None
         rounds = [r for r in tool_rounds(ident.body) if r.start > turn]
-        return ident.chain[turn], [ident.chain[r.end - 1] for r in rounds]
+        return ident.chain[turn], [ident.chain[r.end - 1] for r in rounds], [r.end for r in rounds]
 
-    async def _state(self, ex: Exchange, hashes: list[str]) -> LoopState | None:
+    async def state(self, ex: Exchange, hashes: list[str]) -> LoopState | None:
         found = await self.store.find_loop_summary(ex.conversation, hashes, time.time())
         if found is None or not 0 < found.covered_rounds <= len(hashes):
             return None
@@ -198,49 +210,51 @@ class LoopStage:
         log_started(log, ex, Layer.LOOP, plan.decision.trigger)
         await ex.notify("recap compacting")
         try:
-            result = await self._summarize(ex, snap, plan)
+            result = await self.summarize(ex, snap, plan)
         except SummarizerFailed as exc:
             duration_ms = int((time.perf_counter() - start) * 1000)
             failed = failed_outcome(plan, snap, exc.reason, exc.retried, duration_ms)
-            await self._audit(ex, plan, failed, "", (0, 0))
+            await self.audit(ex, plan, failed, "", (0, 0))
             await ex.notify(f"recap compaction failed: {exc.reason}")
             log.warning("loop compaction failed, working set sent as it was: %s", exc.reason)
             return snap.state, failed
-        new = await self._store(ex, snap.policy, plan, result, turn_hash, hashes)
+        new = await self.store_summary(ex, snap.policy, plan, result, turn_hash, hashes)
         duration_ms = int((time.perf_counter() - start) * 1000)
         outcome = compaction_outcome(plan, snap, new, result, duration_ms)
-        await self._audit(ex, plan, outcome, result.model, replaced_chars(plan, snap, new))
+        await self.audit(ex, plan, outcome, result.model, replaced_chars(plan, snap, new))
         await ex.notify(done_words(outcome))
         return new, outcome
 
-    async def _summarize(
-        self, ex: Exchange, snap: LoopSnapshot, plan: LoopCompactionPlan
+    async def summarize(
+        self, ex: Exchange, snap: LoopSnapshot, plan: LoopCompactionPlan, background: bool = False
     ) -> SummaryResult:
+        """The planned call; `background`: ahead of the next step (stages/ahead.py), so no
+        client waits or is told."""
         call = plan.call
         assert call is not None
         if call.transcript is None:
             # The scene and the working summary alone fill summarizer.context_window.
             raise SummarizerFailed(NO_ROOM)
         state = snap.state
-        return await ex.waiting(
-            self.summarizer.summarize(
-                ex.tenant,
-                self.scenes[ex.tenant.name].get(snap.policy.scene),
-                {"transcript": call.transcript, **plan.values},
-                model=ex.model,
-                credentials=ex.credentials,
-                max_chars=snap.session.max_summary_chars,
-                call=ex.dialect.summary_call,
-                replaced=[
-                    *([Earlier(state.summary)] if state else []),  # the stored working summary
-                    *call.span,
-                    Seen(plan.goal),  # shown, not replaced: the goal stays raw
-                ],
-                max_tokens=plan.max_tokens,
-            )
+        asked = self.summarizer.summarize(
+            ex.tenant,
+            self.scenes[ex.tenant.name].get(snap.policy.scene),
+            {"transcript": call.transcript, **plan.values},
+            model=ex.model,
+            credentials=ex.credentials,
+            max_chars=snap.session.max_summary_chars,
+            call=ex.dialect.summary_call,
+            replaced=[
+                *([Earlier(state.summary)] if state else []),  # the stored working summary
+                *call.span,
+                Seen(plan.goal),  # shown, not replaced: the goal stays raw
+            ],
+            max_tokens=plan.max_tokens,
+            background=background,
         )
+        return await (asked if background else ex.waiting(asked))
 
-    async def _store(
+    async def store_summary(
         self,
         ex: Exchange,
         policy: LoopCompaction,
@@ -268,14 +282,16 @@ class LoopStage:
         )
         return LoopState(result.text, covered)
 
-    async def _audit(
+    async def audit(
         self,
         ex: Exchange,
         plan: LoopCompactionPlan,
         outcome: CompactionOutcome,
         model: str,
         chars: tuple[int, int],
+        ahead: bool = False,
     ) -> None:
+        """The compaction's audit row and event (`ahead`: made in the background)."""
         decision = plan.decision
         await audit(
             self.store,
@@ -299,5 +315,6 @@ class LoopStage:
                 "tool_rounds": len(decision.rounds),
                 "length_retries": outcome.length_retries,
                 "salvaged": outcome.salvaged,
+                **({"ahead": True} if ahead else {}),
             },
         )

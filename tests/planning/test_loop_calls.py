@@ -16,11 +16,13 @@ from proxy.planning.budget import MIN_TRANSCRIPT_TOKENS, call_limits, item_weigh
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.loop import LoopState, loop_view, plan_loop
 from proxy.planning.loop_calls import (
+    NEXT_ROUND,
     LoopSnapshot,
     applied_view,
     compaction_outcome,
     failed_outcome,
     may_apply,
+    plan_loop_ahead,
     plan_loop_compaction,
     replaced_chars,
     with_applied,
@@ -254,3 +256,18 @@ def test_the_applied_view_frames_the_working_summary_in_the_turns_language() -> 
     framed = summary_message("已读取日志", "user", "Chinese", "loop")
     assert view == loop_view(messages, 7, framed)
     assert view[4] == framed and view[:4] == messages[:4]
+
+
+def test_planned_ahead_the_next_steps_fold_is_made_of_the_rounds_this_view_holds() -> None:
+    # 9 rounds: not due now (5 beyond the 5 kept would be 10); with the next step's round,
+    # 5 of these 9 are due, and none of the unknown round.
+    snap = snapshot(rounds=9)
+    assert not plan_loop_compaction(snap).compacts
+    ahead, plan = plan_loop_ahead(snap)
+    assert list(ahead.messages) == [*snap.messages, *NEXT_ROUND]
+    assert len(plan.decision.rounds) == 10  # the placeholder is a round of its own
+    assert plan.compacts and plan.decision.compact_rounds == (0, 5)
+    assert plan.call is not None and all(m not in NEXT_ROUND for m in plan.call.span)
+    # Far from due even then: nothing.
+    _, early = plan_loop_ahead(snapshot(rounds=6))
+    assert not early.compacts and early.call is None

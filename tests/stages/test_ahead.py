@@ -99,6 +99,8 @@ def test_the_next_turn_applies_the_background_summary_without_a_summarizer_call(
         access = logs.access(expect=2)[-1]
         session = next(c for c in access["compactions"] if c["layer"] == "session")
         assert session["action"] == "applied"
+        scraped = httpx.get(root + "/metrics").text
+        assert 'recap_background_compactions_total{outcome="stored"} 1.0' in scraped
 
 
 def test_an_edited_history_never_gets_the_background_summary(
@@ -198,3 +200,61 @@ def test_background_calls_keep_to_their_bound_and_never_hold_a_live_call_up(
         assert wait_until(lambda: bool(done_lines(logs)))
         keys = {r["conversation"] for r in done_lines(logs)}
         assert "c2" not in keys
+        scraped = httpx.get(root + "/metrics").text
+        assert 'recap_background_compactions_total{outcome="busy"} 1.0' in scraped
+
+
+def test_the_next_steps_working_summary_is_made_while_the_model_works(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    # Loop working memory alone: 2 newest rounds raw, due once 3 more are.
+    data = compacting_data(
+        upstream_url,
+        tmp_path,
+        session={"enabled": False},
+        loop={"loop_trigger_tool_rounds": 3, "loop_recent_tool_rounds": 2},
+    )
+    cfg = parse_config(data, env={}, base_dir=str(tmp_path))
+    step = {"n": 0}
+
+    def tool_call(body: dict[str, Any]) -> Reply:
+        step["n"] += 1
+        call = {
+            "id": f"call_{step['n']}",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": f'{{"path": "m{step["n"]}.py"}}'},
+        }
+        return Reply(content=None, tool_calls=[call], finish_reason="tool_calls")
+
+    fake.chat = tool_call
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Find the bug in the config loader."},
+    ]
+    with serve(create_app(cfg)) as root:
+        url = root + "/v1"
+        for rounds in range(6):
+            if rounds == 5:
+                # The step with 4 rounds was forwarded: the working summary its next step
+                # needs (3 rounds folded, 2 raw) was made while the model worked.
+                assert wait_until(lambda: bool(done_lines(logs)))
+                done = done_lines(logs)[0]
+                assert (done["layer"], done["action"], done["count"]) == ("loop", "compacted", 3)
+                calls = len(fake.chat_requests("summarize"))
+            answer = post(url, history, "loop-1")
+            assert answer.status_code == 200
+            message = answer.json()["choices"][0]["message"]
+            history.append(
+                {"role": "assistant", "content": None, "tool_calls": message["tool_calls"]}
+            )
+            for c in message["tool_calls"]:
+                history.append({"role": "tool", "tool_call_id": c["id"], "content": "x" * 800})
+        # The fifth step applied it with no summarizer call on its path.
+        assert len(fake.chat_requests("summarize")) == calls
+        sent = fake.chat_requests()[-1].json["messages"]
+        # The goal, the working summary of rounds 1-3, rounds 4 and 5 raw (round 6 is the
+        # answer to this step, appended since).
+        assert sent[:2] == history[:2] and FRAME_OPEN in sent[2]["content"]
+        assert sent[3:] == history[-6:-2]
+        loop = next(c for c in logs.access(expect=6)[-1]["compactions"] if c["layer"] == "loop")
+        assert loop["action"] == "applied" and loop["covers"] == 3
