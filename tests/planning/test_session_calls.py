@@ -26,6 +26,8 @@ from proxy.planning.session_calls import (
 from proxy.planning.transcript import render_transcript
 from tests.history.test_conversation import count, count_text, long_session
 
+pytestmark = pytest.mark.quick
+
 WINDOW = 8000
 POLICY = SessionCompaction(
     min_new_tokens=3000,
