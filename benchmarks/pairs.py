@@ -9,9 +9,14 @@ one straight to the upstream: "added" is a target's time minus that direct call'
 then its percentile, so machine drift cancels. CPU per request is each process's from /proc
 over the measured rounds.
 
+With several APIs (`--api chat,messages`) every round sends each API's requests in turn (in
+rotating order), so the APIs' ratios to the bare pass-through are measured under the same
+load: one API after the other (as `benchmarks.overhead --api all` does) lets the machine's
+load drift between them.
+
 Usage (from the repository root):
-    python -m benchmarks.pairs [--api chat|responses] [--mode json|stream] [--rounds 1000]
-        NAME=TREE [NAME=TREE ...]
+    python -m benchmarks.pairs [--api chat|responses|messages[,API...]] [--mode json|stream]
+        [--rounds 1000] NAME=TREE [NAME=TREE ...]
 e.g. `git worktree add /tmp/old 3ba1684` and then `python -m benchmarks.pairs old=/tmp/old
 new=.`; with `RECAP_PAIRS_ENV_<NAME>="K=V,K=V"` a build gets extra environment variables, with
 `RECAP_PAIRS_PYTHON_<NAME>=PATH` its own interpreter (a venv with that revision's dependencies:
@@ -45,7 +50,7 @@ from benchmarks.harness import (
     recap_command,
     running,
 )
-from benchmarks.overhead import MODULE, PATHS, recap_config, timed
+from benchmarks.overhead import MODULE, PATHS, recap_config, rotated, timed
 
 
 @contextlib.contextmanager
@@ -82,42 +87,55 @@ def build(name: str, tree: Path, upstream: str, workdir: Path) -> Iterator[Serve
 
 
 async def measure(
-    servers: dict[str, Server], upstream: Server, api: str, mode: str, rounds: int
+    servers: dict[str, Server], upstream: Server, apis: Sequence[str], mode: str, rounds: int
 ) -> None:
-    bodies = Bodies(api)
-    path = PATHS[api]
+    bodies = {api: Bodies(api) for api in apis}
     names = list(servers)
     async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
         for _ in range(50):  # warm-up
-            for n in names:
-                await timed(client, servers[n].url + path, bodies, mode)
-        added: dict[str, list[float]] = {n: [] for n in names}
-        cpu = {n: 0.0 for n in names}
+            for api in apis:
+                for n in names:
+                    await timed(client, servers[n].url + PATHS[api], bodies[api], mode)
+        added: dict[str, dict[str, list[float]]] = {api: {n: [] for n in names} for api in apis}
+        cpu = {api: dict.fromkeys(names, 0.0) for api in apis}
         for r in range(rounds):
-            direct = await timed(client, upstream.url + path, bodies, mode)
-            for n in names[r % len(names) :] + names[: r % len(names)]:
-                before = cpu_seconds(servers[n].proc.pid)
-                added[n].append(await timed(client, servers[n].url + path, bodies, mode) - direct)
-                cpu[n] += cpu_seconds(servers[n].proc.pid) - before
-    bare = percentile(added["bare"], 50)
-    print(f"{api} {mode}, {rounds} rounds of sequential requests")
-    print("| target | added p50 ms | added p90 ms | vs bare | CPU ms per request |")
-    print("| --- | --: | --: | --: | --: |")
-    for n in names:
-        p50 = percentile(added[n], 50)
-        print(
-            f"| {n} | {p50 * 1000:.2f} | {percentile(added[n], 90) * 1000:.2f} "
-            f"| {p50 / bare:.2f}x | {cpu[n] / rounds * 1000:.2f} |"
-        )
+            for api in rotated(apis, r):
+                path = PATHS[api]
+                direct = await timed(client, upstream.url + path, bodies[api], mode)
+                for n in rotated(names, r):
+                    before = cpu_seconds(servers[n].proc.pid)
+                    took = await timed(client, servers[n].url + path, bodies[api], mode)
+                    added[api][n].append(took - direct)
+                    cpu[api][n] += cpu_seconds(servers[n].proc.pid) - before
+    for api in apis:
+        bare = percentile(added[api]["bare"], 50)
+        print(f"{api} {mode}, {rounds} rounds of sequential requests")
+        print("| target | added p50 ms | added p90 ms | vs bare | CPU ms per request |")
+        print("| --- | --: | --: | --: | --: |")
+        for n in names:
+            p50 = percentile(added[api][n], 50)
+            print(
+                f"| {n} | {p50 * 1000:.2f} | {percentile(added[api][n], 90) * 1000:.2f} "
+                f"| {p50 / bare:.2f}x | {cpu[api][n] / rounds * 1000:.2f} |"
+            )
+        print()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--api", choices=sorted(PATHS), default="chat")
+    p.add_argument(
+        "--api", default="chat", help="one API, or several with commas: " + ", ".join(PATHS)
+    )
     p.add_argument("--mode", choices=["json", "stream"], default="json")
     p.add_argument("--rounds", type=int, default=1000)
     p.add_argument("builds", nargs="+", metavar="NAME=TREE")
     args = p.parse_args(argv)
+    apis = args.api.split(",")
+    for api in apis:
+        if api not in PATHS:
+            p.error(f"--api: {api!r} is none of {', '.join(PATHS)}")
+    if len(set(apis)) != len(apis):
+        p.error("--api: an API named twice")
     trees = {}
     for spec in args.builds:
         name, _, tree = spec.partition("=")
@@ -138,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         for name, tree in trees.items():
             servers[name] = stack.enter_context(build(name, tree, upstream.url, work))
-        asyncio.run(measure(servers, upstream, args.api, args.mode, args.rounds))
+        asyncio.run(measure(servers, upstream, apis, args.mode, args.rounds))
     return 0
 
 

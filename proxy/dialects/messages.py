@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import groupby
 from typing import Any
 
 from proxy.dialects.base import Parsed, PassReason, SummaryCall, Unparsed
@@ -99,13 +98,19 @@ def _arguments(value: Any) -> str:
 
 
 def _assistant(blocks: list[Any], sources: dict[int, list[Any]]) -> dict[str, Any]:
-    texts = [b["text"] for b in blocks if _kind(b) == "text" and isinstance(b.get("text"), str)]
+    # One pass over the blocks (parse has checked each is an object).
+    texts = []
     calls = []
     for b in blocks:
-        if _kind(b) == "tool_use":
-            name = b.get("name")
+        kind = b.get("type")
+        if kind == "text":
+            text = b.get("text")
+            if isinstance(text, str):
+                texts.append(text)
+        elif kind == "tool_use":
+            name, call_id = b.get("name"), b.get("id")
             call = {
-                "id": b.get("id") if isinstance(b.get("id"), str) else "",
+                "id": call_id if isinstance(call_id, str) else "",
                 "type": "function",
                 "function": {
                     "name": name if isinstance(name, str) else "",
@@ -137,29 +142,40 @@ def split(i: int, message: Mapping[str, Any], sources: dict[int, list[Any]]) -> 
         return [answer]
     out: list[Message] = []
     at = 0
-    for is_result, run in groupby(content, key=lambda b: _kind(b) == "tool_result"):
-        blocks = list(run)
-        made: list[dict[str, Any]] = []
+    for is_result, blocks in _runs(content):
         if is_result:
             for n, b in enumerate(blocks):
                 call_id = b.get("tool_use_id")
-                made.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": call_id if isinstance(call_id, str) else "",
-                        "content": _parts(b.get("content"), sources),
-                        BLOCKS: [b],
-                    }
-                )
-                sources[id(made[-1][BLOCKS])] = [i, at + n, at + n + 1]
+                own = [b]
+                made = {
+                    "role": "tool",
+                    "tool_call_id": call_id if isinstance(call_id, str) else "",
+                    "content": _parts(b.get("content"), sources),
+                    BLOCKS: own,
+                }
+                sources[id(made)] = sources[id(own)] = [i, at + n, at + n + 1]
+                out.append(made)
         else:
-            made.append({"role": "user", "content": _parts(blocks, sources), BLOCKS: blocks})
-            sources[id(blocks)] = [i, at, at + len(blocks)]
-        for m in made:
-            sources[id(m)] = sources[id(m[BLOCKS])]
-        out += made
+            made = {"role": "user", "content": _parts(blocks, sources), BLOCKS: blocks}
+            sources[id(made)] = sources[id(blocks)] = [i, at, at + len(blocks)]
+            out.append(made)
         at += len(blocks)
     return out
+
+
+def _runs(content: list[Any]) -> Iterator[tuple[bool, list[Any]]]:
+    """The blocks of a user message in runs: (whether they are `tool_result`s, the run)."""
+    run: list[Any] = []
+    results = False
+    for b in content:
+        is_result = b.get("type") == "tool_result"
+        if run and is_result != results:
+            yield results, run
+            run = []
+        results = is_result
+        run.append(b)
+    if run:
+        yield results, run
 
 
 def _kind(block: Any) -> Any:
@@ -174,9 +190,11 @@ def _problem(body: Mapping[str, Any]) -> Unparsed | None:
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
             return Unparsed(PassReason.BAD_ITEM, f"message {n} is not a user or assistant message")
         content = m.get("content")
-        if not isinstance(content, str | list) or (
-            isinstance(content, list) and not all(isinstance(b, dict) for b in content)
-        ):
+        if isinstance(content, list):
+            blocks_ok = all(isinstance(b, dict) for b in content)
+        else:
+            blocks_ok = isinstance(content, str)
+        if not blocks_ok:
             return Unparsed(PassReason.BAD_ITEM, f"message {n} content is neither text nor blocks")
     system = body.get("system")
     if system is not None and not (

@@ -125,6 +125,32 @@ def test_a_user_message_with_text_after_its_results_starts_a_turn() -> None:
     assert turn_starts(p.messages) == [0, 4]
 
 
+def test_runs_of_results_and_other_blocks_each_become_their_messages() -> None:
+    def result(n: int) -> dict[str, Any]:
+        return {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": f"out {n}"}
+
+    text = [{"type": "text", "text": t} for t in ("a", "b")]
+    call = [{"type": "tool_use", "id": f"toolu_{n}", "name": "Read", "input": {}} for n in (1, 2)]
+    answer = {"role": "assistant", "content": [text[0], call[0], text[1], call[1]]}
+    user = {"role": "user", "content": [text[0], result(1), result(2), text[1], result(3)]}
+    b = body([{"role": "user", "content": "Go."}, answer, user])
+    p = parsed(b)
+    said = p.messages[1]
+    assert said["content"] == "a\n\nb" and [c["id"] for c in said["tool_calls"]] == [
+        "toolu_1",
+        "toolu_2",
+    ]
+    assert said[BLOCKS] == answer["content"]
+    runs = p.messages[2:]
+    assert [m["role"] for m in runs] == ["user", "tool", "tool", "user", "tool"]
+    assert [m[BLOCKS] for m in runs] == [[b] for b in user["content"]]
+    assert [m.get("tool_call_id") for m in runs] == [None, "toolu_1", "toolu_2", None, "toolu_3"]
+    assert render(p, list(p.messages)) == b
+    # Without the second text block's run, its neighbours stay apart (the client's own).
+    _, messages = rendered(p, [*p.messages[:5], p.messages[6]])
+    assert messages[-1]["content"] == [text[0], result(1), result(2), result(3)]
+
+
 @pytest.mark.parametrize(
     ("raw", "reason", "detail"),
     [
