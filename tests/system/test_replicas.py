@@ -64,9 +64,10 @@ def write_config(tmp_path: Path, store_url: str, upstream_url: str) -> Path:
             "default": {
                 "api_keys": [],
                 "upstream": {"base_url": upstream_url + "/v1", "timeout_s": 60},
-                # The session layer only, so that every summarizer call is one of its batches.
+                # The session layer only, so that every summarizer call is one of its batches,
+                # on the request path (a background one may still run when the counts are read).
                 "compaction": {
-                    "session": {"min_saving_tokens": 500},
+                    "session": {"min_saving_tokens": 500, "precompact": False},
                     "loop": {"enabled": False},
                     "trim": {"enabled": False},
                 },
