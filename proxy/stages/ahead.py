@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.config import Tenant
+from proxy.history.tokens import REPLY_PRIMING_TOKENS
 from proxy.pipeline import Exchange
 from proxy.planning import loop_calls
 from proxy.planning.outcome import Layer
@@ -78,6 +79,22 @@ class _Job:
     # The prefix it folds: body[:end], whose chain hash is `boundary`.
     end: int
     boundary: str
+
+
+# What the next turn's user message may add to the history's weight, generously (its
+# framing; its text is not known yet and planning ahead counts it empty: NEXT_TURN).
+NEXT_TURN_TOKENS = 16
+
+
+def weight_bound(ex: Exchange) -> int:
+    """An upper bound of the client's history's tokens, with the next turn's message: exact
+    when the request's planning counted every message (as it does on its way upstream), else
+    the bound of its size (`Measure.at_most`, which tokenizes nothing). Both are without
+    tokenizing anything more."""
+    counts = ex.measure.counted(ex.original)
+    if all(n is not None for n in counts):
+        return sum(n for n in counts if n is not None) + REPLY_PRIMING_TOKENS + NEXT_TURN_TOKENS
+    return ex.measure.at_most(ex.original) + NEXT_TURN_TOKENS
 
 
 @dataclass
@@ -116,9 +133,10 @@ class Ahead:
         breaker = self.session.breakers.get(ex.tenant.name)
         if (breaker is not None and breaker.open(ex.conversation)) or not self._may_start(ex):
             return
-        # Planning counts the history: cheap next to the call, but not for free, so a
-        # history far below the scaled triggers is told without counting.
-        bound = ex.measure.at_most(ex.original)
+        # Planning counts the history: cheap next to the call, but not for free (about as
+        # much as the request's own planning), so a history below the scaled triggers is
+        # told from its weight alone.
+        bound = weight_bound(ex)
         share = policy.precompact_share
         if bound < share * min(policy.min_new_tokens, ex.context_window * policy.trigger_ratio):
             return
