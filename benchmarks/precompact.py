@@ -148,7 +148,12 @@ def fake_upstream(summarizer_s: float) -> FakeUpstream:
 
 
 def recap_config(
-    upstream: str, workdir: Path, name: str, precompact: bool, model: str | None = None
+    upstream: str,
+    workdir: Path,
+    name: str,
+    precompact: bool,
+    model: str | None = None,
+    min_new_tokens: int = 1500,
 ) -> Path:
     """The proxy's config; `model`: the real model's server, as the tenant's summarizer."""
     summarizer: dict[str, Any] = {"quality_guard": False, "max_concurrency": 8}
@@ -167,7 +172,7 @@ def recap_config(
                 "upstream": {"base_url": upstream + "/v1", "timeout_s": 60},
                 "compaction": {
                     "session": {
-                        "min_new_tokens": 1500,
+                        "min_new_tokens": min_new_tokens,
                         "min_saving_tokens": 300,
                         "recent_turns": 2,
                         "max_summary_chars": 1500,
@@ -208,11 +213,15 @@ async def conversation(
     out.applied[key] = set()
     for i in range(args.turns):
         messages.append({"role": "user", "content": text(c, "u", i, 120)})
-        response = await client.post(
-            url,
-            json={"model": MODEL, "messages": messages},
-            headers={"x-conversation-id": key},
-        )
+        try:
+            response = await client.post(
+                url,
+                json={"model": MODEL, "messages": messages},
+                headers={"x-conversation-id": key},
+            )
+        except httpx.HTTPError:
+            out.errors += 1
+            return
         if response.status_code != 200:
             out.errors += 1
             return
@@ -230,7 +239,10 @@ async def conversation(
 
 async def drive(urls: dict[str, str], args: argparse.Namespace) -> dict[str, Figures]:
     figures = {name: Figures() for name in urls}
-    async with httpx.AsyncClient(timeout=120, trust_env=False) as client:
+    # A turn may wait for a summarizer call (the sync proxy's, or a background one still
+    # running): the real model's may take minutes.
+    timeout = 1800 if args.real_model else 120
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
         await asyncio.gather(
             *(
                 conversation(client, url + "/v1/chat/completions", c, args, figures[name])
@@ -265,7 +277,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
     print(
         f"{args.conversations} conversations per proxy, {args.turns} turns each, think time "
         f"{args.think_s:g} s, summarizer {summarizer}, starts over "
-        f"{args.ramp_s:g} s, window {WINDOW}\n",
+        f"{args.ramp_s:g} s, window {WINDOW}, min_new_tokens {args.min_new_tokens}\n",
         flush=True,
     )
     up_port = free_port()
@@ -286,7 +298,9 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
             ).url
         urls = {}
         for name, port in ports.items():
-            config = recap_config(upstream.url, workdir, name, name == "ahead", model)
+            config = recap_config(
+                upstream.url, workdir, name, name == "ahead", model, args.min_new_tokens
+            )
             server = stack.enter_context(running(name, recap_command(config, port), port, workdir))
             urls[name] = server.url
         figures = asyncio.run(drive(urls, args))
@@ -346,6 +360,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--only", choices=("sync", "ahead"), help="run one proxy, not both")
     p.add_argument("--dir", default=str(DEFAULT_DIR), help="the real model's install directory")
     p.add_argument("--n-ctx", type=int, default=8192, help="the real model server's context")
+    p.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=1500,
+        help="the session trigger (default 1500: a summary every five turns or so)",
+    )
     p.add_argument("--workdir", help="keep configs, databases and logs here")
     p.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
