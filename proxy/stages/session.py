@@ -10,6 +10,8 @@ order, so that a summary never exists whose originals are missing (seed 002 §5.
     under the conversation's lock: re-read, and re-plan if another
     request stored a version meanwhile (its work is reused)        (store, pure)
     send the planned calls in order, store each as a new version   (summarizer, store)
+      (a scene with `input: cache_riding`: one call riding on the
+      request forwarded, where it is known exactly: `riding_for`)
     report (`compaction_outcome`), queue the audit row             (pure, audit writer)
     assemble pinned + summary + raw tail (`applied_view`)          (pure)
 
@@ -26,12 +28,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from proxy.config import SessionCompaction, Tenant
+from proxy.dialects.riding import riding_request
 from proxy.history.identity import is_derived
 from proxy.history.messages import Classification, Message
 from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Exchange
 from proxy.planning.guard import Earlier, Seen
 from proxy.planning.outcome import CompactionOutcome, Layer, done_words, retry_detail
+from proxy.planning.riding import (
+    Forwarded,
+    RidingFallback,
+    RidingPlan,
+    SummaryInput,
+    plan_riding,
+    riding_fits,
+)
 from proxy.planning.session import AppliedSummary, quiet_reason
 from proxy.planning.session_calls import (
     NO_ROOM,
@@ -44,9 +55,17 @@ from proxy.planning.session_calls import (
     plan_compaction,
     with_applied,
 )
+from proxy.planning.transcript import render_transcript
 from proxy.stages.audit import audit, log_started
-from proxy.stages.scenes import SceneSet
-from proxy.stages.summarize import Breaker, Summarizer, SummarizerFailed, scene_tokens
+from proxy.stages.scenes import Scene, SceneSet, render_riding
+from proxy.stages.summarize import (
+    Breaker,
+    Riding,
+    Summarizer,
+    SummarizerFailed,
+    SummaryResult,
+    scene_tokens,
+)
 from proxy.store.base import CompactionRecord, NewSummary, Store, SummaryVersion
 
 log = logging.getLogger("recap.session")
@@ -189,7 +208,10 @@ class SessionStage:
             start = time.perf_counter()
             log_started(log, ex, Layer.SESSION, plan.reason)
             await ex.notify("recap compacting")
-            run = await self.summarize(ex, policy, chain, plan)
+            # The request this one follows is not kept (only the one just answered is, for
+            # the background job): a riding scene's call goes as a transcript here.
+            riding = self.riding_for(ex, policy, body, plan, None)
+            run = await self.summarize(ex, policy, chain, plan, riding=riding)
             duration_ms = int((time.perf_counter() - start) * 1000)
             if run.failure:
                 breaker.failed(conv)
@@ -215,40 +237,66 @@ class SessionStage:
         chain: Sequence[str],
         plan: CompactionPlan,
         background: bool = False,
+        riding: RidingPlan | RidingFallback | None = None,
     ) -> SummaryRun:
         """Each planned call through the summarizer, merged into the summary so far, each
         result stored as a new version at once (a later failure keeps the earlier ones).
-        `background`: after the answer (stages/ahead.py), so no client waits or is told."""
+        `background`: after the answer (stages/ahead.py), so no client waits or is told.
+        `riding` (`riding_for`): the plan's one call rides on the forwarded request, or
+        why it does not (None: the scene does not ask); a riding call that fails is made
+        once more as a transcript call."""
         run = SummaryRun(plan.applied, ex.model or "")
         scene = self.scenes[ex.tenant.name].get(policy.scene)
         summary = plan.applied.summary if plan.applied else ""
         current = plan.current
+        if isinstance(riding, RidingFallback):
+            run.input, run.riding_fallback = SummaryInput.TRANSCRIPT, riding
         for call in plan.calls:
-            if call.transcript is None:
+            # A riding plan is of one call (planning/riding.py).
+            ride, riding = (riding if isinstance(riding, RidingPlan) else None), None
+            if call.transcript is None and ride is None:
                 # The scene and the summary alone fill summarizer.context_window.
                 run.failure = NO_ROOM
                 break
+            # The stored summary merged into (Earlier): what the merge dropped from it is
+            # restored. The current message is input the summary does not replace (Seen).
+            replaced: list[Message | Earlier | Seen] = [
+                *([Earlier(summary)] if summary else []),
+                *call.span,
+                *([Seen(current)] if current else []),
+            ]
             try:
-                asked = self.summarizer.summarize(
-                    ex.tenant,
-                    scene,
-                    {"transcript": call.transcript, **plan.values, "existing_summary": summary},
-                    model=ex.model,
-                    credentials=ex.credentials,
-                    max_chars=policy.max_summary_chars,
-                    # The stored summary merged into (Earlier): what the merge dropped
-                    # from it is restored. The current message is input the summary does
-                    # not replace (Seen).
-                    replaced=[
-                        *([Earlier(summary)] if summary else []),
-                        *call.span,
-                        *([Seen(current)] if current else []),
-                    ],
-                    max_tokens=plan.max_tokens,
-                    call=ex.dialect.summary_call,
-                    background=background,
-                )
-                result = await (asked if background else ex.waiting(asked))
+                result: SummaryResult | None = None
+                if ride is not None:
+                    try:
+                        result = await self._ride(
+                            ex, scene, policy, plan, ride, replaced, background
+                        )
+                        run.input = SummaryInput.CACHE_RIDING
+                    except SummarizerFailed as exc:
+                        # Made once more as a transcript: the riding call is the option.
+                        run.input, run.riding_fallback = (
+                            SummaryInput.TRANSCRIPT,
+                            RidingFallback.FAILED,
+                        )
+                        run.retries += exc.retried
+                        if call.transcript is None:
+                            raise
+                if result is None:
+                    assert call.transcript is not None
+                    asked = self.summarizer.summarize(
+                        ex.tenant,
+                        scene,
+                        {"transcript": call.transcript, **plan.values, "existing_summary": summary},
+                        model=ex.model,
+                        credentials=ex.credentials,
+                        max_chars=policy.max_summary_chars,
+                        replaced=replaced,
+                        max_tokens=plan.max_tokens,
+                        call=ex.dialect.summary_call,
+                        background=background,
+                    )
+                    result = await (asked if background else ex.waiting(asked))
             except SummarizerFailed as exc:
                 run.failure = exc.reason
                 run.retries += exc.retried
@@ -268,6 +316,81 @@ class SessionStage:
             )
             run.add(result, AppliedSummary(summary, call.end, version.version))
         return run
+
+    def riding_for(
+        self,
+        ex: Exchange,
+        policy: SessionCompaction,
+        body: Sequence[Message],
+        plan: CompactionPlan,
+        forwarded: Forwarded | None,
+    ) -> RidingPlan | RidingFallback | None:
+        """Whether `plan` (over the client's `body`) rides on `forwarded`, the request this
+        history went upstream as (None: not known), or why not; None when the scene does
+        not ask to ride (planning/riding.py says when a plan rides)."""
+        scene = self.scenes[ex.tenant.name].get(policy.scene)
+        if scene.input is not SummaryInput.CACHE_RIDING or not plan.calls:
+            return None
+        if ex.tenant.summarizer.upstream is not None:
+            return RidingFallback.SEPARATE_UPSTREAM
+        request = riding_request(ex.dialect.name)
+        if request is None or (forwarded is not None and forwarded.dialect != ex.dialect.name):
+            return RidingFallback.DIALECT
+        if forwarded is None:
+            return RidingFallback.NOT_FORWARDED
+        problem = request.check(forwarded.body)
+        if problem is not None:
+            return problem
+        first = plan.calls[0]
+        riding = plan_riding(
+            forwarded,
+            calls=len(plan.calls),
+            start=first.start,
+            end=first.end,
+            body=body,
+            applied_version=plan.applied.version if plan.applied else None,
+        )
+        if isinstance(riding, RidingFallback):
+            return riding
+        instruction = render_riding(scene, _riding_values(plan, riding))
+        fits = riding_fits(
+            riding,
+            window=ex.tenant.summarizer.context_window,
+            max_tokens=plan.max_tokens,
+            instruction_tokens=ex.measure.text(instruction),
+            count=ex.measure.tokens,
+        )
+        return riding if fits else RidingFallback.TOO_LARGE
+
+    async def _ride(
+        self,
+        ex: Exchange,
+        scene: Scene,
+        policy: SessionCompaction,
+        plan: CompactionPlan,
+        riding: RidingPlan,
+        replaced: list[Message | Earlier | Seen],
+        background: bool,
+    ) -> SummaryResult:
+        """The plan's one call as a cache-riding call on `riding`'s forwarded request."""
+        request = riding_request(riding.forwarded.dialect)
+        assert request is not None  # riding_for checked it
+        # The messages after the folded part were shown too: input, never replaced.
+        later = render_transcript(list(riding.after), max_item_chars=10**9)
+        asked = self.summarizer.summarize(
+            ex.tenant,
+            scene,
+            _riding_values(plan, riding),
+            model=ex.model,
+            credentials=ex.credentials,
+            max_chars=policy.max_summary_chars,
+            replaced=[*replaced, *([Seen(later)] if later else [])],
+            max_tokens=plan.max_tokens,
+            call=ex.dialect.summary_call,
+            background=background,
+            riding=Riding(request, riding.forwarded.body),
+        )
+        return await (asked if background else ex.waiting(asked))
 
     async def audit(
         self,
@@ -310,9 +433,22 @@ class SessionStage:
                 "summarizer_output_tokens": run.tokens_out,
                 "length_retries": run.retries,
                 "salvaged": run.salvaged,
+                **run.input_fields,
                 **({"ahead": True} if ahead else {}),
             },
         )
+
+
+def _riding_values(plan: CompactionPlan, riding: RidingPlan) -> dict[str, str | int]:
+    """The riding instruction's values for `plan`'s one call."""
+    return {
+        "count": riding.count,
+        "role": riding.role,
+        "anchor": riding.anchor,
+        "summary_shown": "yes" if riding.shown else "",
+        "max_summary_chars": plan.values["max_summary_chars"],
+        "language": plan.values["language"],
+    }
 
 
 def _chars(messages: Sequence[Message]) -> int:
