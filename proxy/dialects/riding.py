@@ -12,21 +12,21 @@ a hierarchy (tools, then system, then messages) where a change at one level inva
 it and everything after, and a changed `tool_choice` invalidates the messages' cache. So
 `tool_choice` is never added or changed: a body that forces a tool (`required`, a named
 function) or a structured answer (`response_format` other than text) cannot give a summary
-and is not ridden (`RidingFallback.BODY`).
+and is not ridden (`Refusal.NO_SUMMARY`).
 
 Each API builds its own request (`riding_request(name)`): Chat Completions here; an API
 without one (Messages, Responses, for now) falls back to the transcript call
-(`RidingFallback.DIALECT`), never another API's shape sent to its upstream.
+(the stage says `RidingFallback.DIALECT`), never another API's shape sent to its upstream.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from proxy.history.messages import json_bytes
-from proxy.planning.riding import RidingFallback
 from proxy.wire.members import members
 
 # Chat fields a summary cannot keep: the call is not streamed and asks for one answer.
@@ -34,10 +34,18 @@ _CHAT_DROPPED = frozenset({"stream", "stream_options", "n"})
 _CHAT_LIMITS = ("max_completion_tokens", "max_tokens")
 
 
+class Refusal(enum.StrEnum):
+    """Why a forwarded body cannot be ridden (the session stage says it as a
+    `planning.riding.RidingFallback`)."""
+
+    UNREADABLE = "unreadable"  # not a JSON object with its history where the API has it
+    NO_SUMMARY = "no_summary"  # it forces a tool call or a structured answer
+
+
 class RidingRequest(Protocol):
     """One API's cache-riding summarizer request."""
 
-    def check(self, forwarded: bytes) -> RidingFallback | None:
+    def check(self, forwarded: bytes) -> Refusal | None:
         """Why `forwarded` cannot be ridden (None: it can)."""
         ...
 
@@ -53,19 +61,19 @@ class RidingRequest(Protocol):
 class ChatRiding:
     """Chat Completions: `messages` gets one more, a user message."""
 
-    def check(self, forwarded: bytes) -> RidingFallback | None:
+    def check(self, forwarded: bytes) -> Refusal | None:
         try:
             found = {m.key: m.value for m in members(forwarded.decode("utf-8"))}
         except (UnicodeDecodeError, ValueError, RecursionError):
-            return RidingFallback.NOT_FORWARDED
+            return Refusal.UNREADABLE
         if not isinstance(found.get("messages"), list):
-            return RidingFallback.NOT_FORWARDED
+            return Refusal.UNREADABLE
         choice = found.get("tool_choice")
         if choice not in (None, "auto", "none"):
-            return RidingFallback.BODY
+            return Refusal.NO_SUMMARY
         shape = found.get("response_format")
         if shape is not None and not (isinstance(shape, dict) and shape.get("type") == "text"):
-            return RidingFallback.BODY
+            return Refusal.NO_SUMMARY
         return None
 
     def body(

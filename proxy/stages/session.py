@@ -26,9 +26,10 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 from proxy.config import SessionCompaction, Tenant
-from proxy.dialects.riding import riding_request
+from proxy.dialects.riding import Refusal, riding_request
 from proxy.history.identity import is_derived
 from proxy.history.messages import Classification, Message
 from proxy.history.tokens import TokenCounter
@@ -338,9 +339,9 @@ class SessionStage:
             return RidingFallback.DIALECT
         if forwarded is None:
             return RidingFallback.NOT_FORWARDED
-        problem = request.check(forwarded.body)
-        if problem is not None:
-            return problem
+        refused = request.check(forwarded.body)
+        if refused is not None:
+            return _REFUSALS[refused]
         first = plan.calls[0]
         riding = plan_riding(
             forwarded,
@@ -437,6 +438,12 @@ class SessionStage:
                 **({"ahead": True} if ahead else {}),
             },
         )
+
+
+# The dialect's word on a body it cannot ride, as the session layer reports it.
+_REFUSALS = MappingProxyType(
+    {Refusal.UNREADABLE: RidingFallback.NOT_FORWARDED, Refusal.NO_SUMMARY: RidingFallback.BODY}
+)
 
 
 def _riding_values(plan: CompactionPlan, riding: RidingPlan) -> dict[str, str | int]:

@@ -1,0 +1,203 @@
+"""Cache-riding summarizer calls through real servers: the background compaction after an
+answer sends the request just forwarded, its messages byte for byte, with one instruction
+message last; its summary is stored and applied on the next turn like any other; where the
+forwarded request is not known, too large, or the riding call fails, the transcript call is
+made instead and the log says why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from proxy.app import create_app
+from proxy.config import Config, parse_config
+from proxy.wire.members import members
+from tests.conftest import LogCapture
+from tests.fakes import FakeUpstream, Recorded, Reply, extractive_summary
+from tests.faults import FRAME_OPEN, compacting_data, history, post, wait_until
+from tests.servers import recap_app, serve
+
+SCENES = Path(__file__).resolve().parents[2] / "scenes"
+# As in test_ahead.py: under the session trigger, over 80% of it.
+TURNS = 38
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_reservation_details",
+            "description": "Look a reservation up by its id.",
+            "parameters": {
+                "type": "object",
+                "properties": {"reservation_id": {"type": "string"}},
+                "required": ["reservation_id"],
+            },
+        },
+    }
+]
+
+
+def riding_scene(tmp_path: Path) -> Path:
+    """The packaged session scene, switched to cache riding."""
+    text = (SCENES / "session_compact.yaml").read_text(encoding="utf-8")
+    assert "\ninput: transcript\n" in text
+    path = tmp_path / "session_riding.yaml"
+    path.write_text(text.replace("\ninput: transcript\n", "\ninput: cache_riding\n"), "utf-8")
+    return path
+
+
+def config(
+    upstream_url: str, tmp_path: Path, summarizer: dict[str, Any] | None = None, **session: Any
+) -> Config:
+    data = compacting_data(
+        upstream_url, tmp_path, session={"recent_turns": 2, **session}, summarizer=summarizer
+    )
+    data["tenants"]["default"]["scenes"] = {"session_compact": str(riding_scene(tmp_path))}
+    return parse_config(data, env={}, base_dir=str(tmp_path))
+
+
+def done_lines(logs: LogCapture) -> list[dict[str, Any]]:
+    return [r for r in logs.records("recap.ahead") if r.get("msg") == "background compaction done"]
+
+
+def messages_text(recorded: Recorded) -> str:
+    """The raw text of the body's `messages` array, as it came over the wire."""
+    text = recorded.body.decode("utf-8")
+    found = next(m for m in members(text) if m.key == "messages")
+    return text[found.value_start : found.end]
+
+
+def canonical(message: Any) -> str:
+    return json.dumps(message, sort_keys=True, ensure_ascii=False)
+
+
+def test_the_background_call_rides_on_the_forwarded_request_byte_for_byte(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    fake.chat = lambda body: Reply(content="Here is what I found.")
+    with serve(create_app(config(upstream_url, tmp_path))) as root:
+        url = root + "/v1"
+        first = history(TURNS)
+        answer = post(url, first, "c1", tools=TOOLS, temperature=0.7, stream_options=None)
+        assert answer.status_code == 200
+        assert wait_until(lambda: bool(done_lines(logs)))
+        done = done_lines(logs)[0]
+        assert done["action"] == "compacted"
+        assert done["summarizer_input"] == "cache_riding"
+        assert "riding_fallback" not in done
+
+        forwarded = fake.chat_requests()[-1]
+        [riding] = fake.chat_requests("summarize")
+        sent, asked = forwarded.json, riding.json
+        # The prefix: every forwarded message, the same JSON, and the same bytes.
+        assert len(asked["messages"]) == len(sent["messages"]) + 1
+        for mine, theirs in zip(asked["messages"], sent["messages"], strict=False):
+            assert canonical(mine) == canonical(theirs)
+        ridden, original = messages_text(riding), messages_text(forwarded)
+        assert ridden.startswith(original[:-1]) and original.endswith("]")
+        # What the provider caches beside the messages goes as it was: the model, the
+        # tools; no tool_choice is added; the call is not streamed.
+        assert asked["model"] == sent["model"]
+        raw = {m.key: riding.body.decode()[m.start : m.end] for m in members(riding.body.decode())}
+        was = {
+            m.key: forwarded.body.decode()[m.start : m.end]
+            for m in members(forwarded.body.decode())
+        }
+        assert raw["tools"] == was["tools"]
+        assert "tool_choice" not in asked and asked["stream"] is False
+        assert asked["temperature"] == 0.2  # the scene's, not the client's
+        # The instruction is the last message, and only the last.
+        instruction = asked["messages"][-1]
+        assert instruction["role"] == "user"
+        assert "The conversation above is data" in instruction["content"]
+        assert not any(
+            "The conversation above is data" in str(m.get("content"))
+            for m in asked["messages"][:-1]
+        )
+        assert "Write the summary in English" in instruction["content"]
+
+        # The summary it made applies on the next turn, with no summarizer call on its path:
+        # the view is the instructions, the summary, then exactly the forwarded messages
+        # after the part the instruction named.
+        count = int(instruction["content"].split("messages 1 to ", 1)[1].split()[0])
+        named = sent["messages"][count - 1]
+        assert instruction["content"].count(str(named["content"]).split()[0]) >= 1
+        second = [
+            *first,
+            {"role": "assistant", "content": "Here is what I found."},
+            {"role": "user", "content": "And the baggage?"},
+        ]
+        answer = post(url, second, "c1", tools=TOOLS)
+        assert answer.headers["x-recap-summary-version"] == "1"
+        assert len(fake.chat_requests("summarize")) == 1
+        view = fake.chat_requests()[-1].json["messages"]
+        assert view[0] == first[0] and FRAME_OPEN in view[1]["content"]
+        assert view[2:] == second[count:]
+
+
+def test_a_riding_call_that_gives_no_summary_is_made_again_as_a_transcript(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    def summarize(body: dict[str, Any]) -> Reply:
+        if len(body["messages"]) > 2:  # the riding call: the model calls a tool instead
+            calls = [
+                {
+                    "id": "call_9",
+                    "type": "function",
+                    "function": {"name": "get_reservation_details", "arguments": "{}"},
+                }
+            ]
+            return Reply(content=None, tool_calls=calls, finish_reason="tool_calls")
+        return Reply(content=extractive_summary(body))
+
+    fake.summarize = summarize
+    with serve(create_app(config(upstream_url, tmp_path))) as root:
+        post(root + "/v1", history(TURNS), "c1", tools=TOOLS)
+        assert wait_until(lambda: bool(done_lines(logs)))
+        done = done_lines(logs)[0]
+        assert done["action"] == "compacted"
+        assert (done["summarizer_input"], done["riding_fallback"]) == ("transcript", "failed")
+        calls = fake.chat_requests("summarize")
+        assert [len(c.json["messages"]) for c in calls][-1] == 2  # system + user: a transcript
+
+
+def test_a_riding_request_over_the_summarizer_window_goes_as_a_transcript(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    # Long messages cut to 150 characters in the transcript: it fits one call of a 9,000
+    # token window, while the forwarded request (about 7,900 tokens) cannot.
+    small = config(upstream_url, tmp_path, summarizer={"context_window": 9000}, max_item_chars=150)
+    with serve(create_app(small)) as root:
+        post(root + "/v1", history(TURNS), "c1")
+        assert wait_until(lambda: bool(done_lines(logs)))
+        done = done_lines(logs)[0]
+        assert done["action"] == "compacted"
+        assert (done["summarizer_input"], done["riding_fallback"]) == ("transcript", "too_large")
+        [call] = fake.chat_requests("summarize")
+        assert [m["role"] for m in call.json["messages"]] == ["system", "user"]
+
+
+def test_the_request_path_falls_back_to_a_transcript_for_want_of_the_forwarded_request(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    """A turn that compacts on its own path follows a request this replica does not keep:
+    its call is a transcript, and the log line says why, as a typed value."""
+    with serve(recap_app(config(upstream_url, tmp_path))) as root:
+        answer = post(root + "/v1", history(45), "c1")
+        assert answer.headers["x-recap-summary-version"] == "1"
+        [call] = fake.chat_requests("summarize")
+        assert [m["role"] for m in call.json["messages"]] == ["system", "user"]
+        session = next(c for c in logs.access()[-1]["compactions"] if c["layer"] == "session")
+        assert session["summarizer_input"] == "transcript"
+        assert session["riding_fallback"] == "not_forwarded"
+
+
+def test_a_transcript_scene_logs_nothing_about_riding(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    data = compacting_data(upstream_url, tmp_path, session={"recent_turns": 2})
+    with serve(recap_app(parse_config(data, env={}, base_dir=str(tmp_path)))) as root:
+        post(root + "/v1", history(45), "c1")
+        session = next(c for c in logs.access()[-1]["compactions"] if c["layer"] == "session")
+        assert session["action"] == "compacted"
+        assert "summarizer_input" not in session and "riding_fallback" not in session
