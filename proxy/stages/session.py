@@ -58,6 +58,7 @@ from proxy.planning.session_calls import (
 )
 from proxy.planning.transcript import render_transcript
 from proxy.stages.audit import audit, log_started
+from proxy.stages.forwarded import LastForwarded
 from proxy.stages.scenes import Scene, SceneSet, render_riding
 from proxy.stages.summarize import (
     Breaker,
@@ -98,6 +99,8 @@ class SessionStage:
         self.counter = counter
         # The circuit breakers' cool-downs are measured on `clock` (a fake one in tests).
         self.clock = clock
+        # The request each conversation last forwarded (tenants whose scene rides only).
+        self.last_forwarded = LastForwarded()
         self.breakers = {
             name: Breaker(
                 t.compaction.session.failure_threshold, t.compaction.session.cooldown_s, clock=clock
@@ -209,9 +212,10 @@ class SessionStage:
             start = time.perf_counter()
             log_started(log, ex, Layer.SESSION, plan.reason)
             await ex.notify("recap compacting")
-            # The request this one follows is not kept (only the one just answered is, for
-            # the background job): a riding scene's call goes as a transcript here.
-            riding = self.riding_for(ex, policy, body, plan, None)
+            # The request this history extends, as it was forwarded, if this replica kept it.
+            riding = self.riding_for(
+                ex, policy, body, plan, self.last_forwarded.get(conv, ex.identity.chain)
+            )
             run = await self.summarize(ex, policy, chain, plan, riding=riding)
             duration_ms = int((time.perf_counter() - start) * 1000)
             if run.failure:
@@ -317,6 +321,19 @@ class SessionStage:
             )
             run.add(result, AppliedSummary(summary, call.end, version.version))
         return run
+
+    def remember(self, ex: Exchange) -> None:
+        """After a successful answer: keep the request as forwarded when the next turn's
+        compaction may ride on it (the tenant's session scene rides, in this API)."""
+        policy = ex.tenant.compaction.session
+        scenes = self.scenes.get(ex.tenant.name)
+        if ex.forwarded is None or scenes is None or not policy.enabled:
+            return
+        if scenes.get(policy.scene).input is not SummaryInput.CACHE_RIDING:
+            return
+        if riding_request(ex.dialect.name) is None or ex.tenant.summarizer.upstream is not None:
+            return
+        self.last_forwarded.keep(ex.conversation, ex.forwarded, ex.identity.chain)
 
     def riding_for(
         self,

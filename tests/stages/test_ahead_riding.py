@@ -180,8 +180,8 @@ def test_a_riding_request_over_the_summarizer_window_goes_as_a_transcript(
 def test_the_request_path_falls_back_to_a_transcript_for_want_of_the_forwarded_request(
     fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
 ) -> None:
-    """A turn that compacts on its own path follows a request this replica does not keep:
-    its call is a transcript, and the log line says why, as a typed value."""
+    """A conversation's first request that compacts follows no forwarded request: its call
+    is a transcript, and the log line says why, as a typed value."""
     with serve(recap_app(config(upstream_url, tmp_path))) as root:
         answer = post(root + "/v1", history(45), "c1")
         assert answer.headers["x-recap-summary-version"] == "1"
@@ -189,6 +189,54 @@ def test_the_request_path_falls_back_to_a_transcript_for_want_of_the_forwarded_r
         assert [m["role"] for m in call.json["messages"]] == ["system", "user"]
         session = next(c for c in logs.access()[-1]["compactions"] if c["layer"] == "session")
         assert session["summarizer_input"] == "transcript"
+        assert session["riding_fallback"] == "not_forwarded"
+
+
+def grown(messages: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
+    """The next turn: the answer, then a question long enough to cross the trigger."""
+    return [
+        *messages,
+        {"role": "assistant", "content": "Here is what I found."},
+        {"role": "user", "content": question + " " + "Please check the fare rules. " * 120},
+    ]
+
+
+def test_the_request_path_rides_on_the_request_this_history_extends(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    """With no background work, the turn that crosses the trigger compacts on its path, and
+    rides on the conversation's previous request, kept as it was forwarded."""
+    fake.chat = lambda body: Reply(content="Here is what I found.")
+    with serve(recap_app(config(upstream_url, tmp_path))) as root:
+        url = root + "/v1"
+        first = history(TURNS)
+        post(url, first, "c1", tools=TOOLS)
+        logs.access(expect=1)  # written once the answer is done: the request is kept then
+        assert fake.chat_requests("summarize") == []
+        previous = fake.chat_requests()[-1]
+        second = grown(first, "And the baggage?")
+        answer = post(url, second, "c1", tools=TOOLS)
+        assert answer.headers["x-recap-summary-version"] == "1"
+        [riding] = fake.chat_requests("summarize")
+        asked = riding.json
+        assert len(asked["messages"]) == len(previous.json["messages"]) + 1
+        assert messages_text(riding).startswith(messages_text(previous)[:-1])
+        session = next(
+            c for c in logs.access(expect=2)[-1]["compactions"] if c["layer"] == "session"
+        )
+        assert session["summarizer_input"] == "cache_riding"
+        assert "riding_fallback" not in session
+        count = int(asked["messages"][-1]["content"].split("messages 1 to ", 1)[1].split()[0])
+        view = fake.chat_requests()[-1].json["messages"]
+        assert FRAME_OPEN in view[1]["content"] and view[2:] == second[count:]
+
+        # An edited history does not extend the kept request: a transcript call.
+        edited = [dict(m) for m in second]
+        edited[1]["content"] = "Question 0, asked differently."
+        post(url, grown(edited, "Again?"), "c1", tools=TOOLS)
+        session = next(
+            c for c in logs.access(expect=3)[-1]["compactions"] if c["layer"] == "session"
+        )
         assert session["riding_fallback"] == "not_forwarded"
 
 
