@@ -217,7 +217,8 @@ class Exchange:
         self.forwarded = Forwarded(
             dialect=self.dialect.name,
             body=body,
-            view=tuple(self.messages),
+            # The list itself, not a copy (on every request): nothing changes it once sent.
+            view=self.messages,
             pinned=len(self.split[0]),
             covered=applied.covered if applied is not None else 0,
             version=applied.version if applied is not None else None,

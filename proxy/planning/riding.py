@@ -74,7 +74,7 @@ class Forwarded:
 
     dialect: str
     body: bytes
-    view: tuple[Message, ...]
+    view: Sequence[Message]
     pinned: int
     covered: int = 0
     version: int | None = None
