@@ -249,3 +249,32 @@ def test_a_transcript_scene_logs_nothing_about_riding(
         session = next(c for c in logs.access()[-1]["compactions"] if c["layer"] == "session")
         assert session["action"] == "compacted"
         assert "summarizer_input" not in session and "riding_fallback" not in session
+
+
+def test_a_body_that_forces_a_tool_call_is_not_ridden(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    """Its tool_choice cannot give a summary, and changing it would break the cached prefix:
+    the transcript call is made."""
+    with serve(create_app(config(upstream_url, tmp_path))) as root:
+        post(root + "/v1", history(TURNS), "c1", tools=TOOLS, tool_choice="required")
+        assert wait_until(lambda: bool(done_lines(logs)))
+        done = done_lines(logs)[0]
+        assert (done["summarizer_input"], done["riding_fallback"]) == ("transcript", "body")
+        [call] = fake.chat_requests("summarize")
+        assert "tool_choice" not in call.json and "tools" not in call.json
+
+
+def test_a_streamed_request_is_ridden_as_one_answer(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, logs: LogCapture
+) -> None:
+    with serve(create_app(config(upstream_url, tmp_path))) as root:
+        answer = post(
+            root + "/v1", history(TURNS), "c1", stream=True, stream_options={"include_usage": True}
+        )
+        assert answer.status_code == 200 and "data: [DONE]" in answer.text
+        assert wait_until(lambda: bool(done_lines(logs)))
+        assert done_lines(logs)[0]["summarizer_input"] == "cache_riding"
+        [riding] = fake.chat_requests("summarize")
+        assert riding.json["stream"] is False and "stream_options" not in riding.json
+        assert messages_text(riding).startswith(messages_text(fake.chat_requests()[-1])[:-1])
