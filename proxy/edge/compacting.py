@@ -155,7 +155,7 @@ class CompactingRoute(Route):
                 exchange.record.cached_input_tokens = cache.cached_tokens
             if answer.get("status") == 200 and state.session is not None:
                 # What the next turn's compaction may ride on (a riding scene only).
-                state.session.remember(exchange)
+                state.session.rider.remember(exchange)
             if answer.get("status") == 200 and state.ahead is not None:
                 # The next turn's compaction, while the user reads this answer.
                 state.ahead.after_answer(exchange)

@@ -229,7 +229,7 @@ class Ahead:
             log_started(log, ex, Layer.SESSION, f"ahead:{plan.reason}")
             # The request just answered is at hand as it was forwarded: a riding scene's
             # call rides on it (planning/riding.py).
-            riding = stage.riding_for(ex, policy, body, plan, ex.forwarded)
+            riding = stage.rider.plan_for(ex, policy, body, plan, ex.forwarded)
             run = await stage.summarize(ex, policy, chain, plan, background=True, riding=riding)
             breaker = stage.breakers.get(ex.tenant.name)
             if breaker is not None:

@@ -11,7 +11,7 @@ order, so that a summary never exists whose originals are missing (seed 002 §5.
     request stored a version meanwhile (its work is reused)        (store, pure)
     send the planned calls in order, store each as a new version   (summarizer, store)
       (a scene with `input: cache_riding`: one call riding on the
-      request forwarded, where it is known exactly: `riding_for`)
+      request forwarded, where it is known exactly: stages/riding.py)
     report (`compaction_outcome`), queue the audit row             (pure, audit writer)
     assemble pinned + summary + raw tail (`applied_view`)          (pure)
 
@@ -26,10 +26,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 
 from proxy.config import SessionCompaction, Tenant
-from proxy.dialects.riding import Refusal, riding_request
 from proxy.history.identity import is_derived
 from proxy.history.messages import Classification, Message
 from proxy.history.tokens import TokenCounter
@@ -37,12 +35,9 @@ from proxy.pipeline import Exchange
 from proxy.planning.guard import Earlier, Seen
 from proxy.planning.outcome import CompactionOutcome, Layer, done_words, retry_detail
 from proxy.planning.riding import (
-    Forwarded,
     RidingFallback,
     RidingPlan,
     SummaryInput,
-    plan_riding,
-    riding_fits,
 )
 from proxy.planning.session import AppliedSummary, quiet_reason
 from proxy.planning.session_calls import (
@@ -56,13 +51,11 @@ from proxy.planning.session_calls import (
     plan_compaction,
     with_applied,
 )
-from proxy.planning.transcript import render_transcript
 from proxy.stages.audit import audit, log_started
-from proxy.stages.forwarded import LastForwarded
-from proxy.stages.scenes import Scene, SceneSet, render_riding
+from proxy.stages.riding import Rider
+from proxy.stages.scenes import SceneSet
 from proxy.stages.summarize import (
     Breaker,
-    Riding,
     Summarizer,
     SummarizerFailed,
     SummaryResult,
@@ -99,8 +92,8 @@ class SessionStage:
         self.counter = counter
         # The circuit breakers' cool-downs are measured on `clock` (a fake one in tests).
         self.clock = clock
-        # The request each conversation last forwarded (tenants whose scene rides only).
-        self.last_forwarded = LastForwarded()
+        # Cache-riding calls, for a scene that asks (stages/riding.py).
+        self.rider = Rider(scenes, summarizer)
         self.breakers = {
             name: Breaker(
                 t.compaction.session.failure_threshold, t.compaction.session.cooldown_s, clock=clock
@@ -213,9 +206,7 @@ class SessionStage:
             log_started(log, ex, Layer.SESSION, plan.reason)
             await ex.notify("recap compacting")
             # The request this history extends, as it was forwarded, if this replica kept it.
-            riding = self.riding_for(
-                ex, policy, body, plan, self.last_forwarded.get(conv, ex.identity.chain)
-            )
+            riding = self.rider.plan_for(ex, policy, body, plan, self.rider.previous(ex))
             run = await self.summarize(ex, policy, chain, plan, riding=riding)
             duration_ms = int((time.perf_counter() - start) * 1000)
             if run.failure:
@@ -247,7 +238,7 @@ class SessionStage:
         """Each planned call through the summarizer, merged into the summary so far, each
         result stored as a new version at once (a later failure keeps the earlier ones).
         `background`: after the answer (stages/ahead.py), so no client waits or is told.
-        `riding` (`riding_for`): the plan's one call rides on the forwarded request, or
+        `riding` (`Rider.plan_for`): the plan's one call rides on the forwarded request, or
         why it does not (None: the scene does not ask); a riding call that fails is made
         once more as a transcript call."""
         run = SummaryRun(plan.applied, ex.model or "")
@@ -274,7 +265,7 @@ class SessionStage:
                 result: SummaryResult | None = None
                 if ride is not None:
                     try:
-                        result = await self._ride(
+                        result = await self.rider.summarize(
                             ex, scene, policy, plan, ride, replaced, background
                         )
                         run.input = SummaryInput.CACHE_RIDING
@@ -322,94 +313,6 @@ class SessionStage:
             run.add(result, AppliedSummary(summary, call.end, version.version))
         return run
 
-    def remember(self, ex: Exchange) -> None:
-        """After a successful answer: keep the request as forwarded when the next turn's
-        compaction may ride on it (the tenant's session scene rides, in this API)."""
-        policy = ex.tenant.compaction.session
-        scenes = self.scenes.get(ex.tenant.name)
-        if ex.forwarded is None or scenes is None or not policy.enabled:
-            return
-        if scenes.get(policy.scene).input is not SummaryInput.CACHE_RIDING:
-            return
-        if riding_request(ex.dialect.name) is None or ex.tenant.summarizer.upstream is not None:
-            return
-        self.last_forwarded.keep(ex.conversation, ex.forwarded, ex.identity.chain)
-
-    def riding_for(
-        self,
-        ex: Exchange,
-        policy: SessionCompaction,
-        body: Sequence[Message],
-        plan: CompactionPlan,
-        forwarded: Forwarded | None,
-    ) -> RidingPlan | RidingFallback | None:
-        """Whether `plan` (over the client's `body`) rides on `forwarded`, the request this
-        history went upstream as (None: not known), or why not; None when the scene does
-        not ask to ride (planning/riding.py says when a plan rides)."""
-        scene = self.scenes[ex.tenant.name].get(policy.scene)
-        if scene.input is not SummaryInput.CACHE_RIDING or not plan.calls:
-            return None
-        if ex.tenant.summarizer.upstream is not None:
-            return RidingFallback.SEPARATE_UPSTREAM
-        request = riding_request(ex.dialect.name)
-        if request is None or (forwarded is not None and forwarded.dialect != ex.dialect.name):
-            return RidingFallback.DIALECT
-        if forwarded is None:
-            return RidingFallback.NOT_FORWARDED
-        refused = request.check(forwarded.body)
-        if refused is not None:
-            return _REFUSALS[refused]
-        first = plan.calls[0]
-        riding = plan_riding(
-            forwarded,
-            calls=len(plan.calls),
-            start=first.start,
-            end=first.end,
-            body=body,
-            applied_version=plan.applied.version if plan.applied else None,
-        )
-        if isinstance(riding, RidingFallback):
-            return riding
-        instruction = render_riding(scene, _riding_values(plan, riding))
-        fits = riding_fits(
-            riding,
-            window=ex.tenant.summarizer.context_window,
-            max_tokens=plan.max_tokens,
-            instruction_tokens=ex.measure.text(instruction),
-            count=ex.measure.tokens,
-        )
-        return riding if fits else RidingFallback.TOO_LARGE
-
-    async def _ride(
-        self,
-        ex: Exchange,
-        scene: Scene,
-        policy: SessionCompaction,
-        plan: CompactionPlan,
-        riding: RidingPlan,
-        replaced: list[Message | Earlier | Seen],
-        background: bool,
-    ) -> SummaryResult:
-        """The plan's one call as a cache-riding call on `riding`'s forwarded request."""
-        request = riding_request(riding.forwarded.dialect)
-        assert request is not None  # riding_for checked it
-        # The messages after the folded part were shown too: input, never replaced.
-        later = render_transcript(list(riding.after), max_item_chars=10**9)
-        asked = self.summarizer.summarize(
-            ex.tenant,
-            scene,
-            _riding_values(plan, riding),
-            model=ex.model,
-            credentials=ex.credentials,
-            max_chars=policy.max_summary_chars,
-            replaced=[*replaced, *([Seen(later)] if later else [])],
-            max_tokens=plan.max_tokens,
-            call=ex.dialect.summary_call,
-            background=background,
-            riding=Riding(request, riding.forwarded.body),
-        )
-        return await (asked if background else ex.waiting(asked))
-
     async def audit(
         self,
         ex: Exchange,
@@ -455,24 +358,6 @@ class SessionStage:
                 **({"ahead": True} if ahead else {}),
             },
         )
-
-
-# The dialect's word on a body it cannot ride, as the session layer reports it.
-_REFUSALS = MappingProxyType(
-    {Refusal.UNREADABLE: RidingFallback.NOT_FORWARDED, Refusal.NO_SUMMARY: RidingFallback.BODY}
-)
-
-
-def _riding_values(plan: CompactionPlan, riding: RidingPlan) -> dict[str, str | int]:
-    """The riding instruction's values for `plan`'s one call."""
-    return {
-        "count": riding.count,
-        "role": riding.role,
-        "anchor": riding.anchor,
-        "summary_shown": "yes" if riding.shown else "",
-        "max_summary_chars": plan.values["max_summary_chars"],
-        "language": plan.values["language"],
-    }
 
 
 def _chars(messages: Sequence[Message]) -> int:
