@@ -4,8 +4,8 @@ Beside the session stage. A session compaction on the request path (a turn start
 compact now) may ride on the request the conversation forwarded before this one: the
 provider cached it moments ago, and this history extends it. That request is kept here
 after its answer (`Rider.remember`, stages/riding.py), only for tenants whose session scene
-rides, and given back only to a request whose history holds its whole body, unchanged (the chain hash
-of its last message matches): anything else (an edit, a fork, another replica's request)
+rides, and given back only to a request whose history holds its whole body, unchanged (the
+chain hash of its last message matches): anything else (an edit, a fork, another replica's request)
 finds nothing and the call goes as a transcript (`RidingFallback.NOT_FORWARDED`).
 
 Bounded, since each entry holds a whole request body: at most `max_entries` conversations
