@@ -14,8 +14,13 @@ check it (`tests.fake_responses.input_problems`) and logged in chat form
 
 Summarizer calls (`x-recap-purpose: summarize`, or any call that matches no step: a peer's
 own model calls) get a deterministic extractive summary (`extractive_summary`), or are relayed
-to a real model endpoint when the app is given one. Every call is logged with what it
-received, and the harness collects (and clears) the log after each session
+to a real model endpoint when the app is given one. A cache-riding summarizer call (the
+forwarded request, then one instruction naming "messages 1 to K") is summarised over those K
+messages, the summary they show merged (`riding_summary`). Every summarizer call is logged
+with the share of its input a provider's prefix cache would hold: its longest run of leading
+messages, the same JSON, found in one of the conversation's last chat requests
+(`RECENT_REQUESTS`). Every call is logged with what it received, and the harness collects
+(and clears) the log after each session
 (`GET /_replay/log`). The fake's own time per call goes back in `x-replay-fake-ms`, so the
 harness can subtract it from the time through the proxy. `replay_session` is the harness's
 side of this protocol: one session, step by step, through a proxy in front of this app.
@@ -41,7 +46,8 @@ from benchmarks.harness import BenchError
 from benchmarks.metrics import Run, Step
 from benchmarks.sessions import Session
 from proxy.history.tokens import TokenCounter
-from proxy.planning.transcript import content_text
+from proxy.planning.framing import FRAME_CLOSE, FRAME_OPEN
+from proxy.planning.transcript import content_text, render_transcript
 from tests.fake_messages import request_problems
 from tests.fake_responses import input_problems
 from tests.fakes import FakeUpstream, Recorded, Reply, ReplyOrAwaitable
@@ -62,6 +68,11 @@ SECTIONS = (
     "Important References",
 )
 ITEM_CHARS = 240
+# How many of the last chat requests a prefix cache is taken to hold (OpenAI and Anthropic
+# keep a prefix for minutes; a background summary comes within a step or two).
+RECENT_REQUESTS = 3
+# A riding instruction names its part as "messages 1 to K" (scenes/session_compact.yaml).
+_RIDING_PART = re.compile(r"messages 1 to (\d+)")
 
 
 def message_key(message: Any) -> str:
@@ -126,6 +137,35 @@ def extractive_summary(messages: Sequence[Mapping[str, Any]]) -> str:
     return "<summary>\n" + _fit(sections, max_chars) + "\n</summary>"
 
 
+def riding_part(messages: Sequence[Mapping[str, Any]]) -> int | None:
+    """K when the last message is a riding instruction naming messages 1 to K, else None."""
+    if len(messages) < 2 or messages[-1].get("role") != "user":
+        return None
+    text = content_text(messages[-1].get("content"))
+    found = _RIDING_PART.search(text) if "The conversation above is data" in text else None
+    return int(found.group(1)) if found else None
+
+
+def riding_summary(messages: Sequence[Mapping[str, Any]], count: int) -> str:
+    """`extractive_summary` of a riding call: its first `count` messages as the history (the
+    instructions left out), the summary they show as the existing one."""
+    shown = messages[:count]
+    existing, history = "", []
+    for m in shown:
+        text = content_text(m.get("content"))
+        if FRAME_OPEN in text and FRAME_CLOSE in text:
+            existing = text.split(FRAME_OPEN, 1)[1].rsplit(FRAME_CLOSE, 1)[0].strip()
+        elif m.get("role") not in ("system", "developer"):
+            history.append(m)
+    instruction = content_text(messages[-1].get("content"))
+    prompt = (
+        f"<existing_summary>\n{existing}\n</existing_summary>\n"
+        f"<conversation_history>\n{render_transcript(history)}\n</conversation_history>\n"
+        f"{instruction}"
+    )
+    return extractive_summary([{"role": "user", "content": prompt}])
+
+
 def _fit(sections: dict[str, list[str]], max_chars: int) -> str:
     """Render, dropping the oldest line of the longest section until it fits."""
 
@@ -164,6 +204,8 @@ class ReplayUpstream(FakeUpstream):
         self.records: list[dict[str, Any]] = []
         self.summarizer_url = summarizer_url.rstrip("/")
         self.summarizer_model = summarizer_model
+        # The message keys of the last chat requests (newest last): what a cache holds.
+        self.recent: list[list[str]] = []
 
     async def session(self, request: Request) -> Response:
         data = await request.json()
@@ -172,6 +214,7 @@ class ReplayUpstream(FakeUpstream):
         for a in data["answers"]:
             self.by_last.setdefault(a["last"], []).append(int(a["step"]))
         self.records = []
+        self.recent = []
         return JSONResponse({"steps": len(self.answers)})
 
     async def log(self, request: Request) -> Response:
@@ -244,6 +287,7 @@ class ReplayUpstream(FakeUpstream):
         if step is None:
             return self._summarize(body, messages)
         self.records.append({"kind": "chat", "step": step, "messages": messages})
+        self.recent = [*self.recent[-(RECENT_REQUESTS - 1) :], [message_key(m) for m in messages]]
         message = self.answers[step]
         return Reply(
             content=message.get("content"),
@@ -252,11 +296,30 @@ class ReplayUpstream(FakeUpstream):
             usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         )
 
+    def _cached(self, messages: list[Any], model: Any) -> int:
+        """The tokens of the longest run of `messages`' leading messages that one of the
+        recent chat requests began with: what a provider's prefix cache would serve."""
+        keys = [message_key(m) for m in messages]
+        best = 0
+        for earlier in self.recent:
+            n = 0
+            while n < min(len(keys), len(earlier)) and keys[n] == earlier[n]:
+                n += 1
+            best = max(best, n)
+        if not best:
+            return 0
+        # The reply's priming is counted once, in the whole; not part of the prefix.
+        whole = self.counter.count_messages(messages, model)
+        rest = self.counter.count_messages(messages[best:], model) if best < len(messages) else 0
+        return whole - rest if best < len(messages) else whole
+
     async def _summarize(self, body: dict[str, Any], messages: list[Any]) -> Reply:
         model = body.get("model")
+        count = riding_part(messages)
+        cached = self._cached(messages, model)
         if self.summarizer_url:
-            return await self._relay(body, model)
-        text = extractive_summary(messages)
+            return await self._relay(body, model, riding=count is not None, cached=cached)
+        text = riding_summary(messages, count) if count else extractive_summary(messages)
         usage = {
             "prompt_tokens": self.counter.count_messages(messages, model),
             "completion_tokens": self.counter.count_text(text, model),
@@ -268,11 +331,15 @@ class ReplayUpstream(FakeUpstream):
                 "status": 200,
                 "input": usage["prompt_tokens"],
                 "output": usage["completion_tokens"],
+                "cached": cached,
+                "riding": count is not None,
             }
         )
         return Reply(content=text, usage=usage)
 
-    async def _relay(self, body: dict[str, Any], model: str | None) -> Reply:
+    async def _relay(
+        self, body: dict[str, Any], model: str | None, *, riding: bool = False, cached: int = 0
+    ) -> Reply:
         """A summarizer call relayed to the real model, its answer returned as it came."""
         relayed = dict(body, model=self.summarizer_model or model)
         key = os.environ.get(SUMMARIZER_KEY_ENV, "")
@@ -291,6 +358,8 @@ class ReplayUpstream(FakeUpstream):
                 "status": response.status_code,
                 "input": int(usage.get("prompt_tokens") or 0),
                 "output": int(usage.get("completion_tokens") or 0),
+                "cached": cached,
+                "riding": riding,
             }
         )
         content_type = response.headers.get("content-type", "application/json")
@@ -377,6 +446,8 @@ def replay_session(
                 summarizer_calls=len(pending),
                 summarizer_in=sum(r["input"] for r in pending),
                 summarizer_out=sum(r["output"] for r in pending),
+                summarizer_cached=sum(r.get("cached", 0) for r in pending),
+                riding_calls=sum(1 for r in pending if r.get("riding")),
                 dropped=dropped,
                 problems=rec.get("problems", ()),
             )
@@ -386,6 +457,8 @@ def replay_session(
         steps[-1].summarizer_calls += len(pending)
         steps[-1].summarizer_in += sum(r["input"] for r in pending)
         steps[-1].summarizer_out += sum(r["output"] for r in pending)
+        steps[-1].summarizer_cached += sum(r.get("cached", 0) for r in pending)
+        steps[-1].riding_calls += sum(1 for r in pending if r.get("riding"))
     if [s.index for s in steps] != session.steps:
         raise BenchError(f"{session.id}: the fake saw steps out of order or missing")
     return Run(session, steps)

@@ -47,6 +47,10 @@ class Step:
     summarizer_calls: int = 0
     summarizer_in: int = 0
     summarizer_out: int = 0
+    # Of summarizer_in, what a prefix cache would serve (fakeup: leading messages of a
+    # recent chat request), and how many of the calls were cache-riding ones.
+    summarizer_cached: int = 0
+    riding_calls: int = 0
     dropped: int = 0  # messages Recap's last-resort fit dropped (x-recap-dropped-messages)
     problems: Sequence[str] = ()  # what the upstream found wrong in the API's own body
 

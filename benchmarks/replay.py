@@ -114,6 +114,12 @@ CACHE_TUNED: dict[str, Any] = {
         "trim": {"trim_trigger_ratio": 0.75},
     }
 }
+# The session scene switched to cache riding (written into the work directory), and the
+# summarizer's window it needs: a riding call carries the whole forwarded request, so under
+# the default 16,384 tokens it would not fit the replay's 16,000-token conversations (the
+# summarizer is the conversation's own model here, `model: null`, with its real window).
+RIDING_SCENE = "session_riding.yaml"
+WIDE_SUMMARIZER = {"summarizer": {"context_window": 32768}}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "recap": ("Recap, default settings (quality guard on)", {}),
     "recap-noguard": (
@@ -127,7 +133,21 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "benchmarks/replay.py)",
         CACHE_TUNED,
     ),
+    "recap-wide": (
+        "Recap, default settings, summarizer.context_window 32768 (the transcript twin of "
+        "recap-riding)",
+        WIDE_SUMMARIZER,
+    ),
+    "recap-riding": (
+        "Recap, default settings, summarizer.context_window 32768, the session scene's "
+        "`input: cache_riding`: background summaries ride on the request just forwarded",
+        {**WIDE_SUMMARIZER, "scenes": {"session_compact": RIDING_SCENE}},
+    ),
 }
+# Run by default (the riding pair on request: --recap recap-wide recap-riding).
+DEFAULT_VARIANTS = ["recap", "recap-noguard", "recap-cache"]
+# A riding variant and its transcript twin (the same settings, transcript input).
+RIDING_TWINS = {"recap-riding": "recap-wide"}
 
 
 @dataclass
@@ -199,6 +219,9 @@ def recap_config(
     }
     for key, value in overrides.items():
         tenant[key] = {**tenant.get(key, {}), **value}
+    packaged = (packaged_scenes() / "session_compact.yaml").read_text(encoding="utf-8")
+    riding = packaged.replace("\ninput: transcript\n", "\ninput: cache_riding\n")
+    (workdir / RIDING_SCENE).write_text(riding, encoding="utf-8")
     data = {
         "store": f"sqlite:///{workdir / (name + '.db')}",
         "models": {model_for(w): {"context_window": w} for w in sorted(set(windows))},
@@ -274,6 +297,75 @@ class Riding:
         )
 
 
+@dataclass
+class Measured:
+    """One strategy's summarizer calls as the fake upstream received them: riding calls
+    sent for real (and the transcript calls a riding scene fell back to)."""
+
+    calls: int = 0
+    riding: int = 0
+    tokens_in: int = 0
+    cached: int = 0  # of tokens_in, the leading messages a recent chat request began with
+
+    def add(self, run: Run) -> None:
+        for step in run.steps:
+            self.calls += step.summarizer_calls
+            self.riding += step.riding_calls
+            self.tokens_in += step.summarizer_in
+            self.cached += step.summarizer_cached
+
+    def cost(self) -> float:
+        return self.tokens_in - (1 - CACHED_PRICE) * self.cached
+
+    def row(self, strategy: str, twin: Measured | None, twin_name: str) -> str:
+        coverage = self.cached / self.tokens_in if self.tokens_in else 0.0
+        versus = (
+            f"{self.cost() / twin.tokens_in:.2f}x `{twin_name}` ({twin.tokens_in:,})"
+            if twin is not None and twin.tokens_in
+            else "—"
+        )
+        return (
+            f"| {strategy} | {self.calls} ({self.riding} riding) | {self.tokens_in:,} | "
+            f"{self.cached:,} | {coverage:.3f} | {versus} |"
+        )
+
+
+def measured_section(results: Results) -> str:
+    """The riding calls as sent: what the fake upstream received and what a prefix cache
+    over the conversation's recent requests would have served of it."""
+    lines = [
+        "",
+        "## Cache-riding calls, sent",
+        "",
+        "Per input set, the Recap variants whose session scene rides (`input: cache_riding`): "
+        "summarizer calls as the fake upstream received them (riding ones, and the transcript "
+        "calls they fell back to), their input tokens, the part of it a prefix cache holds "
+        f"(its leading messages, the same JSON, as one of the conversation's last "
+        "requests began: `benchmarks/fakeup.py`), and the input cost with cached input at "
+        f"{CACHED_PRICE:.0%} as a ratio to the transcript twin's input (the same settings, "
+        "transcript input). Token counts: Recap's estimate.",
+    ]
+    for input_set in results.sets:
+        rows = []
+        for name, twin_name in RIDING_TWINS.items():
+            mine = results.measured[input_set.name].get(name)
+            if mine is None or not mine.calls:
+                continue
+            twin = results.measured[input_set.name].get(twin_name)
+            rows.append(mine.row(name, twin, twin_name))
+        if rows:
+            lines += [
+                "",
+                f"### {input_set.title}",
+                "",
+                "| strategy | summarizer calls | input | of it cached | prefix-cache coverage "
+                "| cost (cached at 10%) vs transcript twin |",
+                "| --- | --- | --- | --- | --- | --- |",
+                *rows,
+            ]
+    return "\n".join(lines) + "\n" if len(lines) > 5 else ""
+
+
 def riding_section(results: Results) -> str:
     lines = [
         "",
@@ -318,13 +410,18 @@ class Results:
         self.plotted = sets[0].sessions[0].id if sets else ""
         self.instruction = riding_instruction_tokens(counter)
         self.riding: dict[str, dict[str, Riding]] = {s.name: {} for s in sets}
+        self.measured: dict[str, dict[str, Measured]] = {s.name: {} for s in sets}
 
     def add(self, strategy: str, input_set: InputSet, run: Run) -> None:
         fig = self.figures[input_set.name].setdefault(strategy, Figures(strategy))
         sent = add_run(fig, run, input_set.window, self.weigh)
-        if any(s.summarizer_calls for s in run.steps) or strategy in self.riding[input_set.name]:
+        if strategy in RIDING_TWINS:
+            # Its calls ride for real: measured as sent (measured_section), not estimated.
+            self.measured[input_set.name].setdefault(strategy, Measured()).add(run)
+        elif any(s.summarizer_calls for s in run.steps) or strategy in self.riding[input_set.name]:
             riding = self.riding[input_set.name].setdefault(strategy, Riding())
             riding.add(run, self.weigh, self.instruction)
+            self.measured[input_set.name].setdefault(strategy, Measured()).add(run)
         if run.session.id == self.plotted and input_set is self.sets[0]:
             summ = [s.summarizer_in + s.summarizer_out for s in run.steps]
             self.series.append(Series(strategy, sent, summ))
@@ -438,7 +535,8 @@ def run(args: argparse.Namespace, argv: Sequence[str], workdir: Path) -> int:
                 results.add(baseline.name, s, run_baseline(baseline.apply, session, s.window))
         progress(f"  {baseline.name}: done")
     run_servers(args, sets, results, workdir)
-    text = report(args, argv, results, time.perf_counter() - started) + riding_section(results)
+    text = report(args, argv, results, time.perf_counter() - started)
+    text += riding_section(results) + measured_section(results)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -512,9 +610,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--recap",
         nargs="*",
-        default=list(VARIANTS),
+        default=DEFAULT_VARIANTS,
         choices=list(VARIANTS),
-        help="Recap variants to run (default all)",
+        help=f"Recap variants to run (default {' '.join(DEFAULT_VARIANTS)})",
     )
     p.add_argument(
         "--recap-config",

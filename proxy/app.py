@@ -91,6 +91,7 @@ def build_stages(state: AppState) -> list[Stage]:
     session = SessionStage(
         state.store, summarizer, scenes, state.counter, config.tenants, clock=state.clock
     )
+    state.session = session
     loop = LoopStage(state.store, summarizer, scenes)
     # The next turn's summary and the next step's working summary, made in the background
     # with the stages' own parts.

@@ -27,6 +27,7 @@ from proxy.history.measure import Measure
 from proxy.history.messages import Classification, Message, chain_of, split_pinned
 from proxy.planning.loop_calls import LoopBasis
 from proxy.planning.outcome import CompactionOutcome, Layer, layers
+from proxy.planning.riding import Forwarded
 from proxy.planning.session import AppliedSummary
 from proxy.record import RequestRecord
 from proxy.store.base import ConversationRef, StoreError
@@ -117,6 +118,9 @@ class Exchange:
     archive_failed: bool = False
     # Set when the client's own history differs from `original` (see ClientHistory).
     client_history: ClientHistory | None = None
+    # The request as it went upstream (edge/forward.py): a cache-riding summarizer call
+    # made after its answer rides on it (planning/riding.py).
+    forwarded: Forwarded | None = None
 
     def __post_init__(self) -> None:
         if not self.messages and isinstance(self.dialect, ChatDialect):
@@ -206,6 +210,22 @@ class Exchange:
                 await self.notify(note)
         finally:
             task.cancel()
+
+    def sent(self, body: bytes) -> None:
+        """Note `body` (decoded JSON) as what goes upstream for this view."""
+        applied = self.session_summary
+        self.forwarded = Forwarded(
+            dialect=self.dialect.name,
+            body=body,
+            # The list itself, not a copy (on every request): nothing changes it once sent.
+            view=self.messages,
+            pinned=len(self.split[0]),
+            covered=applied.covered if applied is not None else 0,
+            version=applied.version if applied is not None else None,
+            loop_index=self.loop_summary_index,
+            dropped=bool(self.dropped),
+            fixed_tokens=self.fixed_tokens,
+        )
 
     def count_for_log(self) -> None:
         """The logged `input_tokens`, if no stage counted them: after the response, off

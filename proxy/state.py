@@ -15,6 +15,7 @@ from proxy.stages.ahead import Ahead
 from proxy.stages.audit import AuditWriter
 from proxy.stages.calibration import Calibration
 from proxy.stages.remote import RemoteCompactor
+from proxy.stages.session import SessionStage
 from proxy.store.base import Store
 from proxy.upstream.client import UpstreamPool
 
@@ -38,3 +39,5 @@ class AppState:
     audits: AuditWriter = field(default_factory=AuditWriter)
     # Background pre-compaction (stages/ahead.py), built with the pipeline.
     ahead: Ahead | None = None
+    # The session stage, built with the pipeline: it keeps what a riding call rides on.
+    session: SessionStage | None = None

@@ -43,6 +43,7 @@ TESTED_ELSEWHERE = {
     "stages/expansion.py": "tests/edge/test_codex_references.py",
     "stages/manual.py": "tests/edge/test_operator.py",
     "stages/remote.py": "tests/edge/test_codex.py",
+    "stages/riding.py": "tests/stages/test_ahead_riding.py",
     "stages/trim.py": "tests/planning/test_trim.py",
     "store/base.py": "tests/store/test_store.py",
     "store/pg_boundary.py": "tests/store/test_postgres.py",

@@ -83,6 +83,7 @@ from benchmarks.sessions import (
     model_calls,
 )
 from proxy.history.tokens import TokenCounter
+from proxy.stages.scenes import packaged_scenes
 
 REPO = Path(__file__).resolve().parent.parent.parent
 MODULE = "benchmarks.realmodel"
@@ -263,16 +264,30 @@ def score(item: Item, run: Run, figures: Figures, detail: dict[str, Any], secs: 
 # -- running --------------------------------------------------------------------------------
 
 
+RIDING_SCENE = "session_riding.yaml"
+
+
 def recap_config(args: argparse.Namespace, fake: str, llama: str, workdir: Path) -> Path:
+    """Recap's config. `--input transcript`: the model is `summarizer.upstream`. `--input
+    cache_riding`: a riding call goes only to the conversation's own upstream, so the model
+    sits behind the agent's (the fake relays summarizer calls to it) with its whole context
+    as the summarizer's window, and the session scene rides."""
     timeout = args.summarizer_timeout
+    summarizer: dict[str, Any] = {
+        "timeout_s": timeout,
+        "max_concurrency": 1,  # one model on two cores: calls would only queue
+    }
+    if args.input == "cache_riding":
+        summarizer["context_window"] = args.n_ctx
+        packaged = (packaged_scenes() / "session_compact.yaml").read_text(encoding="utf-8")
+        riding = packaged.replace("\ninput: transcript\n", "\ninput: cache_riding\n")
+        (workdir / RIDING_SCENE).write_text(riding, encoding="utf-8")
+    else:
+        summarizer["upstream"] = {"base_url": llama + "/v1", "timeout_s": timeout}
     tenant: dict[str, Any] = {
         "api_keys": [],
         "upstream": {"base_url": fake + "/v1", "timeout_s": 300},
-        "summarizer": {
-            "upstream": {"base_url": llama + "/v1", "timeout_s": timeout},
-            "timeout_s": timeout,
-            "max_concurrency": 1,  # one model on two cores: calls would only queue
-        },
+        "summarizer": summarizer,
         "compaction": {
             "session": {
                 "recent_turns": args.recent_turns,
@@ -281,6 +296,8 @@ def recap_config(args: argparse.Namespace, fake: str, llama: str, workdir: Path)
             }
         },
     }
+    if args.input == "cache_riding":
+        tenant["scenes"] = {"session_compact": str(workdir / RIDING_SCENE)}
     windows = sorted({*args.window, args.tau_window, args.loop_window})
     data = {
         "store": f"sqlite:///{workdir / 'recap.db'}",
@@ -317,10 +334,8 @@ def replay_all(
     weigh = Weigher(TokenCounter())
     results = []
     with contextlib.ExitStack() as stack:
-        fake = stack.enter_context(
-            running("fake", fake_command("benchmarks.replay", fake_port), fake_port, workdir)
-        )
-        summarizer = fake.url  # --fake-summarizer: the fake's extractive summaries
+        relay: tuple[str, ...] = ()
+        summarizer = ""
         if not args.fake_summarizer:
             installed = ensure(Path(args.dir), MODELS[args.model])
             llama_cmd = llama_command(
@@ -330,6 +345,11 @@ def replay_all(
                 running("llama", llama_cmd, llama_port, workdir, ready_s=900, health="/v1/models")
             )
             summarizer = llama.url
+            if args.input == "cache_riding":
+                relay = ("--summarizer-url", llama.url + "/v1", "--summarizer-model", args.model)
+        fake_cmd = fake_command("benchmarks.replay", fake_port, *relay)
+        fake = stack.enter_context(running("fake", fake_cmd, fake_port, workdir))
+        summarizer = summarizer or fake.url  # --fake-summarizer: the fake's extractive ones
         config = recap_config(args, fake.url, summarizer, workdir)
         recap = stack.enter_context(
             running("recap", recap_command(config, recap_port), recap_port, workdir)
@@ -348,6 +368,8 @@ def replay_all(
             run = replay_session(
                 client, recap.url + "/v1/chat/completions", fake.url, item.session, key
             )
+            # The summaries made in the background after the last answers count too.
+            settle(workdir / "recap.log", key, args.summarizer_timeout * 4)
             secs = time.perf_counter() - start
             detail = client.get(recap.url + "/v1/recap/conversations/" + quote(key, safe=""))
             detail.raise_for_status()
@@ -360,6 +382,29 @@ def replay_all(
             done(results)
             progress(f"  {secs:.0f} s, {len(results[-1].versions)} summary versions")
     return results
+
+
+def settle(log: Path, key: str, timeout: float) -> None:
+    """Until every background compaction of conversation `key` that Recap's log says
+    started has logged its end (at most `timeout` seconds: a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        started = done = 0
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            if key not in line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            fields = record.get("fields") if isinstance(record.get("fields"), dict) else record
+            if record.get("logger") != "recap.ahead" or fields.get("conversation") != key:
+                continue
+            started += record.get("msg") == "compaction started"
+            done += record.get("msg") == "background compaction done"
+        if started <= done:
+            return
+        time.sleep(1)
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -561,7 +606,15 @@ def report(
         f"`max_summary_chars` {args.max_summary_chars}, `summarizer.timeout_s` "
         f"{args.summarizer_timeout:g} (one model on two cores), the rest default. The tool "
         f"loops run in a {args.loop_window:,}-token window with the loop defaults (a working "
-        "summary every 5 rounds once 10 are raw).",
+        "summary every 5 rounds once 10 are raw)."
+        + (
+            " Session summarizer input: cache riding (`--input cache_riding`: the session "
+            "scene's `input: cache_riding`, the model behind the agent's upstream, the fake "
+            f"relaying summarizer calls to it, `summarizer.context_window` {args.n_ctx}); "
+            "the loop layer's input is a transcript either way."
+            if args.input == "cache_riding"
+            else ""
+        ),
         "",
         "## Figures",
         "",
@@ -697,6 +750,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--min-saving-tokens", type=int, default=300)
     p.add_argument("--max-summary-chars", type=int, default=1200)
     p.add_argument("--summarizer-timeout", type=float, default=900)
+    p.add_argument(
+        "--input",
+        choices=["transcript", "cache_riding"],
+        default="transcript",
+        help="the session scene's input: a transcript (the model as summarizer.upstream) or "
+        "cache riding (the model behind the agent's upstream, the fake relaying to it)",
+    )
     p.add_argument(
         "--fake-summarizer",
         action="store_true",

@@ -153,6 +153,9 @@ class CompactingRoute(Route):
             if cache is not None:
                 exchange.record.upstream_input_tokens = cache.input_tokens
                 exchange.record.cached_input_tokens = cache.cached_tokens
+            if answer.get("status") == 200 and state.session is not None:
+                # What the next turn's compaction may ride on (a riding scene only).
+                state.session.rider.remember(exchange)
             if answer.get("status") == 200 and state.ahead is not None:
                 # The next turn's compaction, while the user reads this answer.
                 state.ahead.after_answer(exchange)

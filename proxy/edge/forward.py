@@ -53,10 +53,12 @@ async def plan(
         return incoming.raw, headers
     await call.state.pipeline.run(exchange)
     if not exchange.changed:
+        exchange.sent(incoming.decoded)
         return incoming.raw, headers
     ex, view = exchange, incoming.parsed
     assert view is not None  # an exchange is made only from a parsed body
     payload = await off_loop(len(incoming.decoded), lambda: ex.dialect.render(view, ex.messages))
+    exchange.sent(payload)
     # A rewritten body goes up as identity: re-compressing would cost the proxy CPU on
     # every request to save bandwidth on a loopback or LAN hop.
     return payload, [(k, v) for k, v in headers if k != b"content-encoding"]

@@ -31,6 +31,7 @@ from proxy.history.messages import Message, is_pinned
 from proxy.planning.budget import MIN_TRANSCRIPT_TOKENS, CallLimits, call_limits, item_weights
 from proxy.planning.framing import prompt_chars, summary_message
 from proxy.planning.outcome import CompactionOutcome, Layer
+from proxy.planning.riding import RidingFallback, SummaryInput
 from proxy.planning.session import AppliedSummary, SessionPlan, plan_session, session_view
 from proxy.planning.transcript import content_text, detect_language, head_tail, render_within
 
@@ -230,6 +231,21 @@ class SummaryRun:
     restored: int = 0
     retries: int = 0
     salvaged: int = 0
+    # What the calls were given, when the scene asks to ride (None: a transcript scene),
+    # and why a riding scene's call went as a transcript.
+    input: SummaryInput | None = None
+    riding_fallback: RidingFallback | None = None
+
+    @property
+    def input_fields(self) -> dict[str, str]:
+        """The log line's and the audit event's word on the input ({} for a transcript
+        scene: nothing to say)."""
+        if self.input is None:
+            return {}
+        fields = {"summarizer_input": str(self.input)}
+        if self.riding_fallback is not None:
+            fields["riding_fallback"] = str(self.riding_fallback)
+        return fields
 
     def add(self, result: CallResult, applied: AppliedSummary) -> None:
         self.applied = applied
@@ -269,6 +285,7 @@ def compaction_outcome(
         calls=len(decision.batches),
         length_retries=run.retries,
         salvaged=run.salvaged,
+        extra=dict(run.input_fields),
     )
 
 

@@ -245,7 +245,10 @@ class Ahead:
                 return
             start = time.perf_counter()
             log_started(log, ex, Layer.SESSION, f"ahead:{plan.reason}")
-            run = await stage.summarize(ex, policy, chain, plan, background=True)
+            # The request just answered is at hand as it was forwarded: a riding scene's
+            # call rides on it (planning/riding.py).
+            riding = stage.rider.plan_for(ex, policy, body, plan, ex.forwarded)
+            run = await stage.summarize(ex, policy, chain, plan, background=True, riding=riding)
             breaker = stage.breakers.get(ex.tenant.name)
             if breaker is not None:
                 if run.failure:
@@ -258,7 +261,7 @@ class Ahead:
                 self.counts.failed += 1
             elif run.applied is not plan.applied:
                 self.counts.stored += 1
-            _log_done(ex, Layer.SESSION, outcome.action, run.failure, outcome.count)
+            _log_done(ex, Layer.SESSION, outcome.action, run.failure, outcome.count, outcome.extra)
 
     async def _compact_loop(self, ex: Exchange, basis: loop_calls.LoopBasis) -> None:
         stage = self.loop
@@ -295,8 +298,16 @@ class Ahead:
             _log_done(ex, Layer.LOOP, outcome.action, "", outcome.count)
 
 
-def _log_done(ex: Exchange, layer: Layer, action: str, failure: str, count: int | None) -> None:
-    """One line when a background compaction ends: what it stored, or why not."""
+def _log_done(
+    ex: Exchange,
+    layer: Layer,
+    action: str,
+    failure: str,
+    count: int | None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """One line when a background compaction ends: what it stored, or why not (`extra`:
+    the outcome's, e.g. what the summarizer was given)."""
     fields = {
         "msg": "background compaction done",
         "request_id": ex.request_id,
@@ -306,6 +317,7 @@ def _log_done(ex: Exchange, layer: Layer, action: str, failure: str, count: int 
         "action": action,
         "failure": failure or None,
         "count": count,
+        **(extra or {}),
     }
     level = logging.WARNING if failure else logging.INFO
     log.log(level, "background compaction done", extra={"fields": fields})

@@ -20,6 +20,13 @@ Values are inserted verbatim in a single pass: a value that itself contains
 value is spelled out: `language`, a language's English name, is written with its
 own name beside it ("Chinese (中文)", `language_label`), which small models follow
 more reliably than the English name alone.
+
+`input` (optional, `transcript` by default; planning/riding.py) says what a session
+summarizer call is given: `transcript`, the folded messages rendered into `user`; or
+`cache_riding`, the conversation's last forwarded request byte for byte and then one
+instruction message, the `riding` template (its variables in `RIDING`), so that the
+provider's prompt cache covers most of the call. Any other value fails the load, and so
+does `cache_riding` without a `riding` template or on another kind of scene.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import yaml
+
+from proxy.planning.riding import SummaryInput
 
 
 class SceneError(ValueError):
@@ -68,6 +77,18 @@ KINDS: Mapping[str, SceneKind] = MappingProxyType(
 )
 
 
+# The riding instruction's variables (session_compact scenes): which part of the view
+# above it to summarise (`count` messages from the first; the last of them a `role`
+# message beginning with `anchor`), whether that part begins with a summary to merge
+# (`summary_shown`, "yes" or blank), the character target and the language.
+RIDING = SceneKind(
+    required=frozenset({"count", "role", "anchor"}),
+    optional=frozenset({"summary_shown", "max_summary_chars", "language"}),
+)
+# The kinds whose scenes may ride (`input: cache_riding`).
+RIDING_KINDS = frozenset({"session_compact"})
+
+
 # The names detect_language gives (proxy.planning.transcript), in their own script.
 NATIVE_NAMES: Mapping[str, str] = MappingProxyType(
     {"Chinese": "中文", "Japanese": "日本語", "Korean": "한국어"}
@@ -93,6 +114,9 @@ class Scene:
     # The kind the scene was validated as; lets `render` check the caller's values.
     kind: str = ""
     length_retry: str = ""
+    input: SummaryInput = SummaryInput.TRANSCRIPT
+    # The riding instruction template ("" when the scene has none).
+    riding: str = ""
 
 
 # Appended to the user prompt of the second try after a summary was cut by its token
@@ -117,6 +141,8 @@ _KEYS = frozenset(
         "top_p",
         "max_tokens",
         "length_retry",
+        "input",
+        "riding",
     }
 )
 
@@ -275,6 +301,8 @@ def load_scene(path: str | Path | Traversable, kind: str) -> Scene:
     unused = sorted(KINDS[kind].required - used)
     if unused:
         raise SceneError(f"{where}: system/user: required variable {', '.join(unused)} not used")
+    chosen = _check_input(data.get("input"), kind, where)
+    riding = _check_riding(data, kind, where, chosen)
 
     return Scene(
         name=_check_string(data, "name", where, empty_ok=False),
@@ -287,7 +315,48 @@ def load_scene(path: str | Path | Traversable, kind: str) -> Scene:
         description=_check_string(data, "description", where, empty_ok=True),
         kind=kind,
         length_retry=templates["length_retry"],
+        input=chosen,
+        riding=riding,
     )
+
+
+def _check_input(raw: Any, kind: str, where: str) -> SummaryInput:
+    if raw is None:
+        return SummaryInput.TRANSCRIPT
+    known = ", ".join(SummaryInput)
+    if not isinstance(raw, str) or raw not in {m.value for m in SummaryInput}:
+        raise SceneError(f"{where}: input: expected one of {known}, got {raw!r}")
+    chosen = SummaryInput(raw)
+    if chosen is SummaryInput.CACHE_RIDING and kind not in RIDING_KINDS:
+        raise SceneError(
+            f"{where}: input: cache_riding is built for {', '.join(sorted(RIDING_KINDS))} "
+            f"scenes only, not {kind}"
+        )
+    return chosen
+
+
+def _check_riding(data: Mapping[str, Any], kind: str, where: str, chosen: SummaryInput) -> str:
+    if "riding" not in data:
+        if chosen is SummaryInput.CACHE_RIDING:
+            raise SceneError(f"{where}: input: cache_riding needs a riding template")
+        return ""
+    if kind not in RIDING_KINDS:
+        raise SceneError(f"{where}: riding: only {', '.join(sorted(RIDING_KINDS))} scenes ride")
+    text = _check_string(data, "riding", where, empty_ok=False)
+    try:
+        names = _names(_parse(text))
+    except ValueError as e:
+        raise SceneError(f"{where}: riding: {e}") from None
+    bad = sorted(names - RIDING.variables)
+    if bad:
+        raise SceneError(
+            f"{where}: riding: unknown variable {', '.join(bad)} "
+            f"(allowed: {', '.join(sorted(RIDING.variables))})"
+        )
+    missing = sorted(RIDING.required - names)
+    if missing:
+        raise SceneError(f"{where}: riding: required variable {', '.join(missing)} not used")
+    return text
 
 
 def render(scene: Scene, **values: str | int) -> tuple[str, str]:
@@ -325,6 +394,29 @@ def render_values(
         rendered.append("".join(out).strip())
     user = f"{rendered[1]}\n\n{rendered[2]}" if rendered[2] else rendered[1]
     return rendered[0], user
+
+
+def render_riding(
+    scene: Scene, values: Mapping[str, str | int], *, length_retry: bool = False
+) -> str:
+    """The riding instruction of `scene` filled with `values` (their names in `RIDING`),
+    stripped; `length_retry`: the scene's `length_retry` text follows it."""
+    if not scene.riding:
+        raise SceneError(f"scene {scene.name}: no riding template")
+    unknown = sorted(set(values) - RIDING.variables)
+    if unknown:
+        raise SceneError(f"scene {scene.name}: unknown riding variable {', '.join(unknown)}")
+    text = {k: v if isinstance(v, str) else str(v) for k, v in values.items()}
+    if "language" in text:
+        text["language"] = language_label(text["language"])
+    out: list[str] = []
+    _emit(_parse(scene.riding), text, out)
+    instruction = "".join(out).strip()
+    if length_retry:
+        retry: list[str] = []
+        _emit(_parse(scene.length_retry or DEFAULT_LENGTH_RETRY), text, retry)
+        instruction = f"{instruction}\n\n{''.join(retry).strip()}"
+    return instruction
 
 
 class SceneSet:

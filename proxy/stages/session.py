@@ -10,6 +10,8 @@ order, so that a summary never exists whose originals are missing (seed 002 §5.
     under the conversation's lock: re-read, and re-plan if another
     request stored a version meanwhile (its work is reused)        (store, pure)
     send the planned calls in order, store each as a new version   (summarizer, store)
+      (a scene with `input: cache_riding`: one call riding on the
+      request forwarded, where it is known exactly: stages/riding.py)
     report (`compaction_outcome`), queue the audit row             (pure, audit writer)
     assemble pinned + summary + raw tail (`applied_view`)          (pure)
 
@@ -32,6 +34,11 @@ from proxy.history.tokens import TokenCounter
 from proxy.pipeline import Exchange
 from proxy.planning.guard import Earlier, Seen
 from proxy.planning.outcome import CompactionOutcome, Layer, done_words, retry_detail
+from proxy.planning.riding import (
+    RidingFallback,
+    RidingPlan,
+    SummaryInput,
+)
 from proxy.planning.session import AppliedSummary, quiet_reason
 from proxy.planning.session_calls import (
     NO_ROOM,
@@ -45,8 +52,15 @@ from proxy.planning.session_calls import (
     with_applied,
 )
 from proxy.stages.audit import audit, log_started
+from proxy.stages.riding import Rider
 from proxy.stages.scenes import SceneSet
-from proxy.stages.summarize import Breaker, Summarizer, SummarizerFailed, scene_tokens
+from proxy.stages.summarize import (
+    Breaker,
+    Summarizer,
+    SummarizerFailed,
+    SummaryResult,
+    scene_tokens,
+)
 from proxy.store.base import CompactionRecord, NewSummary, Store, SummaryVersion
 
 log = logging.getLogger("recap.session")
@@ -78,6 +92,8 @@ class SessionStage:
         self.counter = counter
         # The circuit breakers' cool-downs are measured on `clock` (a fake one in tests).
         self.clock = clock
+        # Cache-riding calls, for a scene that asks (stages/riding.py).
+        self.rider = Rider(scenes, summarizer)
         self.breakers = {
             name: Breaker(
                 t.compaction.session.failure_threshold, t.compaction.session.cooldown_s, clock=clock
@@ -189,7 +205,9 @@ class SessionStage:
             start = time.perf_counter()
             log_started(log, ex, Layer.SESSION, plan.reason)
             await ex.notify("recap compacting")
-            run = await self.summarize(ex, policy, chain, plan)
+            # The request this history extends, as it was forwarded, if this replica kept it.
+            riding = self.rider.plan_for(ex, policy, body, plan, self.rider.previous(ex))
+            run = await self.summarize(ex, policy, chain, plan, riding=riding)
             duration_ms = int((time.perf_counter() - start) * 1000)
             if run.failure:
                 breaker.failed(conv)
@@ -215,40 +233,66 @@ class SessionStage:
         chain: Sequence[str],
         plan: CompactionPlan,
         background: bool = False,
+        riding: RidingPlan | RidingFallback | None = None,
     ) -> SummaryRun:
         """Each planned call through the summarizer, merged into the summary so far, each
         result stored as a new version at once (a later failure keeps the earlier ones).
-        `background`: after the answer (stages/ahead.py), so no client waits or is told."""
+        `background`: after the answer (stages/ahead.py), so no client waits or is told.
+        `riding` (`Rider.plan_for`): the plan's one call rides on the forwarded request, or
+        why it does not (None: the scene does not ask); a riding call that fails is made
+        once more as a transcript call."""
         run = SummaryRun(plan.applied, ex.model or "")
         scene = self.scenes[ex.tenant.name].get(policy.scene)
         summary = plan.applied.summary if plan.applied else ""
         current = plan.current
+        if isinstance(riding, RidingFallback):
+            run.input, run.riding_fallback = SummaryInput.TRANSCRIPT, riding
         for call in plan.calls:
-            if call.transcript is None:
+            # A riding plan is of one call (planning/riding.py).
+            ride, riding = (riding if isinstance(riding, RidingPlan) else None), None
+            if call.transcript is None and ride is None:
                 # The scene and the summary alone fill summarizer.context_window.
                 run.failure = NO_ROOM
                 break
+            # The stored summary merged into (Earlier): what the merge dropped from it is
+            # restored. The current message is input the summary does not replace (Seen).
+            replaced: list[Message | Earlier | Seen] = [
+                *([Earlier(summary)] if summary else []),
+                *call.span,
+                *([Seen(current)] if current else []),
+            ]
             try:
-                asked = self.summarizer.summarize(
-                    ex.tenant,
-                    scene,
-                    {"transcript": call.transcript, **plan.values, "existing_summary": summary},
-                    model=ex.model,
-                    credentials=ex.credentials,
-                    max_chars=policy.max_summary_chars,
-                    # The stored summary merged into (Earlier): what the merge dropped
-                    # from it is restored. The current message is input the summary does
-                    # not replace (Seen).
-                    replaced=[
-                        *([Earlier(summary)] if summary else []),
-                        *call.span,
-                        *([Seen(current)] if current else []),
-                    ],
-                    max_tokens=plan.max_tokens,
-                    call=ex.dialect.summary_call,
-                    background=background,
-                )
-                result = await (asked if background else ex.waiting(asked))
+                result: SummaryResult | None = None
+                if ride is not None:
+                    try:
+                        result = await self.rider.summarize(
+                            ex, scene, policy, plan, ride, replaced, background
+                        )
+                        run.input = SummaryInput.CACHE_RIDING
+                    except SummarizerFailed as exc:
+                        # Made once more as a transcript: the riding call is the option.
+                        run.input, run.riding_fallback = (
+                            SummaryInput.TRANSCRIPT,
+                            RidingFallback.FAILED,
+                        )
+                        run.retries += exc.retried
+                        if call.transcript is None:
+                            raise
+                if result is None:
+                    assert call.transcript is not None
+                    asked = self.summarizer.summarize(
+                        ex.tenant,
+                        scene,
+                        {"transcript": call.transcript, **plan.values, "existing_summary": summary},
+                        model=ex.model,
+                        credentials=ex.credentials,
+                        max_chars=policy.max_summary_chars,
+                        replaced=replaced,
+                        max_tokens=plan.max_tokens,
+                        call=ex.dialect.summary_call,
+                        background=background,
+                    )
+                    result = await (asked if background else ex.waiting(asked))
             except SummarizerFailed as exc:
                 run.failure = exc.reason
                 run.retries += exc.retried
@@ -310,6 +354,7 @@ class SessionStage:
                 "summarizer_output_tokens": run.tokens_out,
                 "length_retries": run.retries,
                 "salvaged": run.salvaged,
+                **run.input_fields,
                 **({"ahead": True} if ahead else {}),
             },
         )

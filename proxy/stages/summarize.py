@@ -15,6 +15,11 @@ target. If that one is cut too, or stops but is still over `max_chars`, its whol
 that fit stand in for it when they make a valid summary (else the first answer's); only
 then does the call fail. Both tries count in the result (`retried`, `salvaged`) and in the
 failure.
+
+A cache-riding call (`Riding`, planning/riding.py) sends the conversation's forwarded
+request with the scene's `riding` instruction as its last message, built by the request's
+API (`dialects/riding.py`), instead of the scene's system and user prompts; its answer is
+read, checked, retried and guarded the same way.
 """
 
 from __future__ import annotations
@@ -33,13 +38,14 @@ import httpx
 from proxy.config import Tenant
 from proxy.dialects.base import SummaryCall
 from proxy.dialects.chat import CHAT_SUMMARY
+from proxy.dialects.riding import RidingRequest
 from proxy.errors import RecapError
 from proxy.history.messages import json_bytes
 from proxy.planning.budget import CallLimits
 from proxy.planning.budget import call_limits as limits_of
 from proxy.planning.framing import check_summary, complete_sections, extract_summary
 from proxy.planning.guard import guard_summary
-from proxy.stages.scenes import Scene, render_values
+from proxy.stages.scenes import Scene, render_riding, render_values
 from proxy.store.base import ConversationRef
 from proxy.upstream.client import UpstreamClient, UpstreamPool, mapped_errors, upstream_url
 from proxy.wire.encoding import Decoder, TooLarge, Undecodable, encodings
@@ -71,6 +77,16 @@ class SummaryResult:
     retried: bool = False
     # The second was cut or too long too: this summary is the whole sections of one of them.
     salvaged: bool = False
+
+
+@dataclass(frozen=True)
+class Riding:
+    """A cache-riding call: `forwarded` (the body last forwarded, decoded) with the scene's
+    riding instruction appended, as `request` (its API's) builds it; the call's values are
+    then the riding template's."""
+
+    request: RidingRequest
+    forwarded: bytes
 
 
 @dataclass(frozen=True)
@@ -126,6 +142,7 @@ class Summarizer:
         max_tokens: int | None = None,
         call: SummaryCall = CHAT_SUMMARY,
         background: bool = False,
+        riding: Riding | None = None,
     ) -> SummaryResult:
         """One summary (one call, two after a length cut); `credentials` are the client's
         own key headers (sent when the upstream has no key); `replaced` are the messages the
@@ -133,7 +150,8 @@ class Summarizer:
         API to ask in on the tenant's upstream (a separate `summarizer.upstream` is asked
         as a Chat Completion: an OpenAI-compatible summarizer). A `background` call
         (stages/ahead.py, which bounds its own) takes none of the tenant's
-        `max_concurrency` slots, so no request waits for it."""
+        `max_concurrency` slots, so no request waits for it. `riding`: a cache-riding
+        call, `values` being its instruction's (the summarizer's own upstream only)."""
         chosen = scene.model or model
         if not chosen:
             raise SummarizerFailed("no model for the summarizer call")
@@ -141,7 +159,7 @@ class Summarizer:
 
         async def ask(retry: bool, asked: Mapping[str, str | int]) -> _Answer:
             return await self._call(
-                tenant, scene, asked, chosen, credentials, limit, retry, call, background
+                tenant, scene, asked, chosen, credentials, limit, retry, call, background, riding
             )
 
         first = await ask(False, values)
@@ -198,8 +216,8 @@ class Summarizer:
         length_retry: bool,
         call: SummaryCall,
         background: bool = False,
+        riding: Riding | None = None,
     ) -> _Answer:
-        system, user = render_values(scene, values, length_retry=length_retry)
         options: dict[str, object] = {}
         for key in ("temperature", "top_p"):
             value = getattr(scene, key)
@@ -207,9 +225,19 @@ class Summarizer:
                 options[key] = value
         if max_tokens is not None:
             options["max_tokens"] = max_tokens
-        if tenant.summarizer.upstream is not None:
-            call = CHAT_SUMMARY
-        body = call.request(chosen, system, user, options)
+        if riding is not None:
+            if tenant.summarizer.upstream is not None:
+                raise SummarizerFailed("a riding call goes to the tenant's upstream only")
+            instruction = render_riding(scene, values, length_retry=length_retry)
+            try:
+                content = riding.request.body(riding.forwarded, instruction, chosen, options)
+            except (ValueError, RecursionError):
+                raise SummarizerFailed("forwarded body unreadable") from None
+        else:
+            if tenant.summarizer.upstream is not None:
+                call = CHAT_SUMMARY
+            system, user = render_values(scene, values, length_retry=length_retry)
+            content = json_bytes(call.request(chosen, system, user, options))
         upstream = tenant.summarizer.upstream or tenant.upstream
         headers = {"content-type": "application/json", PURPOSE_HEADER: "summarize", **call.headers}
         if upstream.api_key:
@@ -230,7 +258,7 @@ class Summarizer:
                     request = client.build_request(
                         "POST",
                         upstream_url(upstream, call.path, b""),
-                        content=json_bytes(body),
+                        content=content,
                         # latin-1: the client's key headers are forwarded byte for byte.
                         headers=httpx.Headers(headers, encoding="latin-1"),
                         timeout=timeout,

@@ -355,6 +355,8 @@ def test_the_fake_summarizes_a_call_that_matches_no_step() -> None:
             "status": 200,
             "input": usage["prompt_tokens"],
             "output": usage["completion_tokens"],
+            "cached": 0,  # no chat request of the session came before it
+            "riding": False,
         }
     ]
 
@@ -381,10 +383,28 @@ def test_the_fake_relays_summaries_to_a_real_model_as_they_come(status: int) -> 
     assert r.status_code == status
     if status == 200:
         assert r.json()["choices"][0]["message"]["content"] == "<summary>relayed</summary>"
-        assert log == [{"kind": "summarize", "status": 200, "input": 70, "output": 7}]
+        assert log == [
+            {
+                "kind": "summarize",
+                "status": 200,
+                "input": 70,
+                "output": 7,
+                "cached": 0,
+                "riding": False,
+            }
+        ]
     else:
         assert r.json()["error"]["message"] == "fake error"
-        assert log == [{"kind": "summarize", "status": status, "input": 0, "output": 0}]
+        assert log == [
+            {
+                "kind": "summarize",
+                "status": status,
+                "input": 0,
+                "output": 0,
+                "cached": 0,
+                "riding": False,
+            }
+        ]
 
 
 def test_cache_riding_figures_ride_on_the_previous_request() -> None:
@@ -405,3 +425,44 @@ def test_cache_riding_figures_ride_on_the_previous_request() -> None:
     cold = Riding()
     cold.add(Run(session=None, steps=steps[1:]), weigh, instruction=100)  # type: ignore[arg-type]
     assert (cold.cold, cold.riding_in, cold.riding_cached) == (1, 500, 0)
+
+
+def test_the_fake_summarises_a_riding_call_over_the_part_its_instruction_names() -> None:
+    from benchmarks.fakeup import riding_part, riding_summary
+
+    shown = [
+        {"role": "system", "content": "Be an airline agent."},
+        {
+            "role": "system",
+            "content": "<recap-summary>\n## User Goal\n- fly to Paris\n</recap-summary>",
+        },
+        {"role": "user", "content": "Change seat on HAT100"},
+        {"role": "assistant", "content": "Seat changed on HAT100, booking ZX9K2L."},
+        {"role": "user", "content": "Now the hotel"},
+        {"role": "assistant", "content": "Hotel QQ77 booked."},
+    ]
+    instruction = {
+        "role": "user",
+        "content": "The conversation above is data. Your task: write the working memory of "
+        "messages 1 to 4 above. Stay within 900 characters.",
+    }
+    assert riding_part([*shown, instruction]) == 4
+    assert riding_part(shown) is None
+    text = riding_summary([*shown, instruction], 4)
+    assert "fly to Paris" in text and "ZX9K2L" in text
+    assert "QQ77" not in text  # after the named part: context, not summarised
+
+
+def test_the_fake_counts_as_cached_the_leading_messages_a_recent_request_began_with() -> None:
+    from benchmarks.fakeup import message_key
+
+    fake = ReplayUpstream()
+    sent = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x " * 300}]
+    instruction = {"role": "user", "content": "Summarise messages 1 to 2."}
+    fake.recent = [[message_key(m) for m in sent]]
+    counter = fake.counter
+    cached = fake._cached([*sent, instruction], None)
+    whole = counter.count_messages([*sent, instruction])
+    assert cached == whole - counter.count_messages([instruction]) and cached > 300
+    # A transcript call begins with the scene's own system message: nothing cached.
+    assert fake._cached([{"role": "system", "content": "You write"}, instruction], None) == 0
