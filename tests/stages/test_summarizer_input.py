@@ -124,11 +124,13 @@ def test_trim_and_fit_write_audit_rows(
             m["content"] = "row " * 700
     r = post(proxy, messages, "audit-trim")
     assert "trim" in r.headers["x-recap-compaction"] or r.headers["x-recap-compaction"] == "failed"
-    layers = [row["layer"] for row in audit_rows(tmp_path, "audit-trim", at_least=2)]
-    assert "trim" in layers and "fit_to_window" in layers
-    trim = next(row for row in audit_rows(tmp_path, "audit-trim") if row["layer"] == "trim")
+    # Three rows, written in the background: the failed session summary, the trim, the fit
+    # (waiting for two read them before the fit's was written, now and then).
+    rows = audit_rows(tmp_path, "audit-trim", at_least=3)
+    assert [row["layer"] for row in rows] == ["session", "trim", "fit_to_window"]
+    trim = next(row for row in rows if row["layer"] == "trim")
     assert trim["chars_after"] < trim["chars_before"]
-    fit = next(row for row in audit_rows(tmp_path, "audit-trim") if row["layer"] == "fit_to_window")
+    fit = next(row for row in rows if row["layer"] == "fit_to_window")
     assert fit["detail"] and int(r.headers["x-recap-dropped-messages"]) > 0
 
 
