@@ -173,19 +173,45 @@ def plan_compaction(snap: SessionSnapshot) -> CompactionPlan:
 NEXT_TURN: Message = {"role": "user", "content": ""}
 
 
+def last_turn_tokens(body: Sequence[Message], count: Callable[[Message], int]) -> int:
+    """The tokens of the last complete turn of `body` (from the turn start before its last
+    one up to that one: a user message, its answer and tool rounds): what the next turn is
+    expected to add when it comes back with this turn's answer and a new user message."""
+    starts = turn_starts(body)
+    if len(starts) < 2:
+        return 0
+    return sum(count(m) for m in body[starts[-2] : starts[-1]])
+
+
+def ahead_policy(
+    policy: SessionCompaction, context_window: int, share: float, growth: int
+) -> SessionCompaction:
+    """The session triggers planning ahead uses: scaled by `share`, and lowered by `growth`
+    (the last turn's tokens) where that is more, so that a conversation whose turns are large
+    next to its trigger (more than the share's lead) still has the summary made the turn
+    before it is due, not only when it is."""
+    threshold = context_window * policy.trigger_ratio
+    lowered = max(1.0, min(threshold * share, threshold - growth))
+    return dataclasses.replace(
+        policy,
+        min_new_tokens=max(
+            1, min(int(policy.min_new_tokens * share), policy.min_new_tokens - growth)
+        ),
+        trigger_ratio=lowered / context_window if context_window > 0 else policy.trigger_ratio,
+    )
+
+
 def plan_ahead(snap: SessionSnapshot, share: float) -> CompactionPlan:
     """The compaction the next turn start would make, planned after this request's answer
     (background pre-compaction, stages/ahead.py): on this history and one more user
-    message, at the triggers scaled by `share` (so it runs a little before the next turn
-    would need it), never forced. Only the calls that end at or before this history's last
+    message, at the triggers of `ahead_policy` (scaled by `share`, or lowered by the last
+    turn's tokens, so it runs the turn before the next turn would need it), never forced.
+    Only the calls that end at or before this history's last
     turn start are kept: the next request shares those cut points, while what follows them
     (the answer as the client will send it back) is not known byte for byte yet."""
     starts = turn_starts(snap.body)
-    policy = dataclasses.replace(
-        snap.policy,
-        min_new_tokens=max(1, int(snap.policy.min_new_tokens * share)),
-        trigger_ratio=snap.policy.trigger_ratio * share,
-    )
+    growth = last_turn_tokens(snap.body, snap.count)
+    policy = ahead_policy(snap.policy, snap.context_window, share, growth)
     ahead = dataclasses.replace(
         snap, body=[*snap.body, NEXT_TURN], policy=policy, force=False, continuation=False
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from proxy.planning.session_calls import (
     SummaryRun,
     applied_view,
     compaction_outcome,
+    plan_ahead,
     plan_compaction,
     with_applied,
 )
@@ -184,3 +186,28 @@ def test_the_scene_is_weighed_with_the_summary_it_merges_into_and_only_when_it_c
     applied = AppliedSummary("so far", 4, 1)
     plan_compaction(snapshot(applied=applied, scene=weight))
     assert seen and all(v["existing_summary"] == "so far" for v in seen)
+
+
+def test_planning_ahead_finds_the_summary_a_turn_before_it_is_due_even_for_large_turns() -> None:
+    """A turn larger than the share's lead (here over a third of `min_new_tokens`, against
+    the 20% that `precompact_share` 0.8 leaves) still gets its summary planned ahead: at the
+    turn start before the first one that compacts, `plan_ahead` folds what that one will."""
+    messages = long_session(seed=3, n_turns=40)
+    pinned, body = split_pinned(messages)
+    starts = turn_starts(body)
+    turn = max(sum(count(m) for m in body[a:b]) for a, b in itertools.pairwise(starts))
+    policy = dataclasses.replace(POLICY, min_new_tokens=int(turn * 2.5), min_recent_ratio=0.0)
+
+    def snap_at(end: int) -> SessionSnapshot:
+        return SessionSnapshot(
+            pinned, body[: end + 1], None, policy, 10**6, count, count_text, scene()
+        )
+
+    due = next(i for i, s in enumerate(starts) if plan_compaction(snap_at(s)).calls)
+    assert due >= 2
+    now = plan_compaction(snap_at(starts[due]))
+    ahead = plan_ahead(snap_at(starts[due - 1]), share=0.8)
+    assert ahead.calls, "the summary the next turn needs was not planned ahead"
+    assert ahead.calls[-1].end <= now.calls[-1].end
+    # Far from the trigger nothing is planned ahead.
+    assert not plan_ahead(snap_at(starts[1]), share=0.8).calls
