@@ -13,7 +13,7 @@ def test_functions_are_grouped_by_where_they_live() -> None:
     site = "/venv/lib/python3.11/site-packages"
     assert group(f"{site}/h11/_connection.py", "send") == "HTTP stack"
     assert group(f"{site}/tiktoken/core.py", "encode") == "tiktoken"
-    assert group("/work/main/proxy/edge/route.py", "__call__") == "Recap (proxy/)"
+    assert group("/srv/recap/proxy/edge/route.py", "__call__") == "Recap (proxy/)"
     assert group("/usr/lib/python3.11/asyncio/events.py", "_run") == "event loop and sockets"
     assert group("/usr/lib/python3.11/json/encoder.py", "encode") == "json"
     assert group("~", "<method 'send' of '_socket.socket' objects>") == "event loop and sockets"
