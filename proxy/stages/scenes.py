@@ -382,9 +382,7 @@ def render_values(
         missing = sorted(k for k in spec.required if k not in values)
         if missing:
             raise SceneError(f"scene {scene.name}: no value for {', '.join(missing)}")
-    text = {k: v if isinstance(v, str) else str(v) for k, v in values.items()}
-    if "language" in text:
-        text["language"] = language_label(text["language"])
+    text = _as_text(values)
     rendered: list[str] = []
     retry = (scene.length_retry or DEFAULT_LENGTH_RETRY) if length_retry else ""
     for template in (scene.system, scene.user, retry):
@@ -394,6 +392,14 @@ def render_values(
         rendered.append("".join(out).strip())
     user = f"{rendered[1]}\n\n{rendered[2]}" if rendered[2] else rendered[1]
     return rendered[0], user
+
+
+def _as_text(values: Mapping[str, str | int]) -> dict[str, str]:
+    """A scene's values as the texts its templates hold, the language by its name."""
+    text = {k: v if isinstance(v, str) else str(v) for k, v in values.items()}
+    if "language" in text:
+        text["language"] = language_label(text["language"])
+    return text
 
 
 def render_riding(
@@ -406,9 +412,7 @@ def render_riding(
     unknown = sorted(set(values) - RIDING.variables)
     if unknown:
         raise SceneError(f"scene {scene.name}: unknown riding variable {', '.join(unknown)}")
-    text = {k: v if isinstance(v, str) else str(v) for k, v in values.items()}
-    if "language" in text:
-        text["language"] = language_label(text["language"])
+    text = _as_text(values)
     out: list[str] = []
     _emit(_parse(scene.riding), text, out)
     instruction = "".join(out).strip()
