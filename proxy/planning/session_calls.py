@@ -183,37 +183,40 @@ def last_turn_tokens(body: Sequence[Message], count: Callable[[Message], int]) -
     return sum(count(m) for m in body[starts[-2] : starts[-1]])
 
 
-def ahead_policy(
-    policy: SessionCompaction, context_window: int, share: float, growth: int
-) -> SessionCompaction:
-    """The session triggers planning ahead uses: scaled by `share`, and lowered by `growth`
-    (the last turn's tokens) where that is more, so that a conversation whose turns are large
-    next to its trigger (more than the share's lead) still has the summary made the turn
-    before it is due, not only when it is."""
-    threshold = context_window * policy.trigger_ratio
-    lowered = max(1.0, min(threshold * share, threshold - growth))
-    return dataclasses.replace(
-        policy,
-        min_new_tokens=max(
-            1, min(int(policy.min_new_tokens * share), policy.min_new_tokens - growth)
-        ),
-        trigger_ratio=lowered / context_window if context_window > 0 else policy.trigger_ratio,
-    )
+def next_turn(body: Sequence[Message]) -> list[Message]:
+    """Stand-ins for what the next turn start adds to `body` (a history ending with its
+    current user message): this turn's answer and a new user message, not known yet, weighed
+    like the last complete turn (copies of its answer messages, then of this user message).
+    Planning on them cuts where the next turn will: under the recent-turns ratio the raw tail
+    moves by whole turns, so the part to fold grows in steps a fixed share cannot foresee.
+    Planning only: no call ever folds past this history's last turn start."""
+    starts = turn_starts(body)
+    if len(starts) < 2:
+        return [NEXT_TURN]
+    answer = [dict(m) for m in body[starts[-2] + 1 : starts[-1]]]
+    return [*answer, dict(body[starts[-1]])]
 
 
 def plan_ahead(snap: SessionSnapshot, share: float) -> CompactionPlan:
     """The compaction the next turn start would make, planned after this request's answer
-    (background pre-compaction, stages/ahead.py): on this history and one more user
-    message, at the triggers of `ahead_policy` (scaled by `share`, or lowered by the last
-    turn's tokens, so it runs the turn before the next turn would need it), never forced.
-    Only the calls that end at or before this history's last
-    turn start are kept: the next request shares those cut points, while what follows them
-    (the answer as the client will send it back) is not known byte for byte yet."""
+    (background pre-compaction, stages/ahead.py): on this history and stand-ins for this
+    turn's answer and the next user message (`next_turn`: weighed like the last turn's), at the
+    triggers scaled by `share` (so it runs a little before the next turn would need it),
+    never forced. Only the calls that end at or before this history's last turn start are
+    kept: the next request shares those cut points, while what follows them (the answer as
+    the client will send it back) is not known byte for byte yet."""
     starts = turn_starts(snap.body)
-    growth = last_turn_tokens(snap.body, snap.count)
-    policy = ahead_policy(snap.policy, snap.context_window, share, growth)
+    policy = dataclasses.replace(
+        snap.policy,
+        min_new_tokens=max(1, int(snap.policy.min_new_tokens * share)),
+        trigger_ratio=snap.policy.trigger_ratio * share,
+    )
     ahead = dataclasses.replace(
-        snap, body=[*snap.body, NEXT_TURN], policy=policy, force=False, continuation=False
+        snap,
+        body=[*snap.body, *next_turn(snap.body)],
+        policy=policy,
+        force=False,
+        continuation=False,
     )
     plan = plan_compaction(ahead)
     limit = starts[-1] if starts else 0

@@ -3,8 +3,8 @@
 A turn that crosses a session trigger would wait for its summarizer calls before its own
 model call. Instead, once an answer has reached its client, `Ahead.after_answer` plans the
 compaction the next turn start would make (`session_calls.plan_ahead`: this history plus
-one more user message, at the triggers scaled by `precompact_share`, or lowered by the last
-turn's tokens where that is more) and, when it folds
+stand-ins for this turn's answer and the next user message, weighed like the last turn's,
+at the triggers scaled by `precompact_share`) and, when it folds
 anything, runs it in the background while the user reads and writes. Its summary is stored
 as an ordinary version under the chain hash of what it covers, so the next request applies
 it at once when its history extends that prefix, and a history that does not (an edit, a
@@ -53,7 +53,6 @@ from proxy.pipeline import Exchange
 from proxy.planning import loop_calls
 from proxy.planning.outcome import Layer
 from proxy.planning.session_calls import (
-    ahead_policy,
     compaction_outcome,
     last_turn_tokens,
     plan_ahead,
@@ -144,11 +143,9 @@ class Ahead:
         # told from its weight alone.
         bound = weight_bound(ex)
         share = policy.precompact_share
-        # The triggers planning ahead uses (the last turn's tokens: counted by now).
-        lowered = ahead_policy(
-            policy, ex.context_window, share, last_turn_tokens(body, ex.measure.tokens)
-        )
-        if bound < min(lowered.min_new_tokens, ex.context_window * lowered.trigger_ratio):
+        # With what the next turn adds, weighed like the last one (counted by now).
+        bound += last_turn_tokens(body, ex.measure.tokens)
+        if bound < share * min(policy.min_new_tokens, ex.context_window * policy.trigger_ratio):
             return
         snap = self.session.snapshot(ex, policy, pinned, body, ex.session_summary)
         plan = plan_ahead(snap, share)

@@ -188,19 +188,48 @@ def test_the_scene_is_weighed_with_the_summary_it_merges_into_and_only_when_it_c
     assert seen and all(v["existing_summary"] == "so far" for v in seen)
 
 
-def test_planning_ahead_finds_the_summary_a_turn_before_it_is_due_even_for_large_turns() -> None:
-    """A turn larger than the share's lead (here over a third of `min_new_tokens`, against
-    the 20% that `precompact_share` 0.8 leaves) still gets its summary planned ahead: at the
-    turn start before the first one that compacts, `plan_ahead` folds what that one will."""
-    messages = long_session(seed=3, n_turns=40)
+def even_session(turns: int) -> list[Message]:
+    """benchmarks.precompact's shape: a system prompt, then turns of the same size."""
+    out: list[Message] = [{"role": "system", "content": "You are a travel agent."}]
+    for i in range(turns):
+        out.append({"role": "user", "content": f"[u{i}] " + "seat refund " * 60})
+        out.append({"role": "assistant", "content": f"[a{i}] " + "gate cabin " * 50})
+    return out
+
+
+@pytest.mark.parametrize(
+    ("session", "min_recent_ratio", "window", "trigger"),
+    [
+        # Turns over a third of min_new_tokens: more than the share's lead.
+        ("long", 0.0, 10**6, 2.5),
+        # The raw tail kept by the window's ratio moves by whole turns (the local model's run).
+        ("even", 0.25, 8_600, 3.3),
+    ],
+)
+def test_planning_ahead_finds_the_summary_the_turn_before_it_is_due(
+    session: str, min_recent_ratio: float, window: int, trigger: float
+) -> None:
+    """At the turn start before the first one that compacts, `plan_ahead` (share 0.8)
+    already folds as far as that one will: the summary is ready when it is due. Planned on one
+    empty user message it fell a turn short (turns larger than the share's lead; a raw tail
+    that moves by whole turns, with a first summary's frame making the smaller slice's saving
+    too little)."""
+    messages = long_session(seed=3, n_turns=40) if session == "long" else even_session(20)
     pinned, body = split_pinned(messages)
     starts = turn_starts(body)
     turn = max(sum(count(m) for m in body[a:b]) for a, b in itertools.pairwise(starts))
-    policy = dataclasses.replace(POLICY, min_new_tokens=int(turn * 2.5), min_recent_ratio=0.0)
+    policy = dataclasses.replace(
+        POLICY,
+        min_new_tokens=int(turn * trigger),
+        min_recent_ratio=min_recent_ratio,
+        # benchmarks.precompact's (in this counter's tokens): a first summary's frame makes
+        # the saving short of its minimum on a slice one turn smaller than the due one.
+        **({"min_saving_tokens": 430, "max_summary_chars": 1500} if session == "even" else {}),
+    )
 
     def snap_at(end: int) -> SessionSnapshot:
         return SessionSnapshot(
-            pinned, body[: end + 1], None, policy, 10**6, count, count_text, scene()
+            pinned, body[: end + 1], None, policy, window, count, count_text, scene()
         )
 
     due = next(i for i, s in enumerate(starts) if plan_compaction(snap_at(s)).calls)
@@ -208,6 +237,7 @@ def test_planning_ahead_finds_the_summary_a_turn_before_it_is_due_even_for_large
     now = plan_compaction(snap_at(starts[due]))
     ahead = plan_ahead(snap_at(starts[due - 1]), share=0.8)
     assert ahead.calls, "the summary the next turn needs was not planned ahead"
-    assert ahead.calls[-1].end <= now.calls[-1].end
+    # As far as that turn folds: a shorter summary would leave it a call of its own to wait for.
+    assert ahead.calls[-1].end == now.calls[-1].end
     # Far from the trigger nothing is planned ahead.
     assert not plan_ahead(snap_at(starts[1]), share=0.8).calls
