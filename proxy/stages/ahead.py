@@ -52,11 +52,7 @@ from proxy.history.tokens import REPLY_PRIMING_TOKENS
 from proxy.pipeline import Exchange
 from proxy.planning import loop_calls
 from proxy.planning.outcome import Layer
-from proxy.planning.session_calls import (
-    compaction_outcome,
-    last_turn_tokens,
-    plan_ahead,
-)
+from proxy.planning.session_calls import compaction_outcome, last_turn_tokens, plan_ahead
 from proxy.stages.audit import log_started
 from proxy.stages.loop import LoopStage
 from proxy.stages.session import SessionStage, as_applied
@@ -86,8 +82,9 @@ class _Job:
     boundary: str
 
 
-# What the next turn's user message may add to the history's weight, generously (its
-# framing; its text is not known yet and planning ahead counts it empty: NEXT_TURN).
+# The framing of the next turn's messages, generously: their text is weighed apart, as the
+# last turn's (`last_turn_tokens`), or not at all for a history of one turn, which planning
+# ahead extends by one empty user message (`session_calls.NEXT_TURN`).
 NEXT_TURN_TOKENS = 16
 
 
