@@ -220,6 +220,11 @@ class ResponseStream(httpx.AsyncByteStream):
         self._timeout = timeout
         self._reusable = reusable
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of the body received and not yet read."""
+        return self._conn.buffered if self._conn is not None else 0
+
     def __aiter__(self) -> ResponseStream:
         return self
 
