@@ -127,12 +127,12 @@ class _Pool:
 
     def close_all(self) -> None:
         self.closed = True
-        for conn in list(self.live):
-            conn.close(abort=True)
-        while self.waiters:
+        while self.waiters:  # first: no slot freed below goes to one of them
             _, fut = self.waiters.popleft()
             if not fut.done():
                 fut.set_exception(httpx.ConnectError("The transport is closed."))
+        for conn in list(self.live):
+            conn.close(abort=True)
 
     # -- inside ------------------------------------------------------------------------------
 

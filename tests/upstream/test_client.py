@@ -13,6 +13,7 @@ import pytest
 from proxy.app import create_app
 from proxy.config import parse_config
 from proxy.upstream.client import SLICE_BYTES, RequestBody
+from tests.fakes import FakeUpstream, Reply
 from tests.servers import read_body, serve
 from tests.slow import EndlessStreams, connect, stream_request
 
@@ -89,3 +90,29 @@ def test_tenants_never_share_an_upstream_pool(tmp_path: Path) -> None:
             for sock in held:
                 sock.close()
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("transport", ["fast", "httpx"])
+def test_either_transport_forwards_answers_and_streams(transport: str, tmp_path: Path) -> None:
+    """`upstream.transport`: Recap's own (the default) or httpx's, the same answers."""
+    fake = FakeUpstream()
+    fake.script([Reply(content="json answer"), Reply(content="streamed answer")])
+    with serve(fake.app) as upstream:
+        up = {"base_url": f"{upstream}/v1", "transport": transport}
+        config = parse_config(
+            {"store": f"sqlite:///{tmp_path / 'recap.db'}", "tenants": {"open": {"upstream": up}}},
+            env={},
+            base_dir=str(tmp_path),
+        )
+        assert config.tenants["open"].upstream.transport == transport
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        with serve(create_app(config)) as url, httpx.Client(timeout=60) as client:
+            r = client.post(f"{url}/v1/chat/completions", json=body)
+            with client.stream(
+                "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}
+            ) as s:
+                streamed = b"".join(s.iter_raw())
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "json answer"
+    assert s.status_code == 200
+    assert b"streamed" in streamed and streamed.endswith(b"data: [DONE]\n\n")
