@@ -152,6 +152,11 @@ class UpstreamClient:
             timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
         )
 
+    @property
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """What sends this client's requests (`upstream.transport`)."""
+        return self._transport
+
     async def send(self, request: httpx.Request) -> httpx.Response:
         """The response, its body not yet read (`aiter_raw`, `aread`; `aclose` when done)."""
         response = await self._transport.handle_async_request(request)

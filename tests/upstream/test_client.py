@@ -12,7 +12,8 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import parse_config
-from proxy.upstream.client import SLICE_BYTES, RequestBody
+from proxy.upstream.client import SLICE_BYTES, RequestBody, UpstreamClient
+from proxy.upstream.transport import FastTransport
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import read_body, serve
 from tests.slow import EndlessStreams, connect, stream_request
@@ -104,7 +105,10 @@ def test_either_transport_forwards_answers_and_streams(transport: str, tmp_path:
             env={},
             base_dir=str(tmp_path),
         )
-        assert config.tenants["open"].upstream.transport == transport
+        upstream_config = config.tenants["open"].upstream
+        client = UpstreamClient(upstream_config, max_connections=1)
+        kind = FastTransport if transport == "fast" else httpx.AsyncHTTPTransport
+        assert type(client.transport) is kind
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         with serve(create_app(config)) as url, httpx.Client(timeout=60) as client:
             r = client.post(f"{url}/v1/chat/completions", json=body)
