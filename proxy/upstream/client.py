@@ -61,6 +61,8 @@ RECAP_HEADER_PREFIX = "x-recap-"
 # connections) bookkeeping on every request (encode/httpcore#1035): with 200 streams
 # in flight that was 40% of the proxy's CPU (benchmarks/soak.py); 8 smaller pools
 # cost 64 times less, and their connections add up to the same `max_connections`.
+# (The fast transport's pool does constant work per request; the shards stay for the
+# httpx fallback, and cost it nothing.)
 SHARDS = 8
 
 
@@ -178,8 +180,9 @@ SLICE_BYTES = 64 * 1024
 
 
 class RequestBody(httpx.AsyncByteStream):
-    """A forwarded body that says when it is all on the wire: `on_sent` runs once httpcore
-    asks for more after the last slice, which it does only once that slice is written, so
+    """A forwarded body that says when it is all on the wire: `on_sent` runs once the
+    transport asks for more after the last slice, which either transport does only once that
+    slice is written (handed to the socket, under its write buffer's high-water mark), so
     the call overlaps the upstream's work on the request. (httpcore's trace extension
     tells the same, at the price of a callback on every step of every request.)
 
