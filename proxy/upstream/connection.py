@@ -122,11 +122,6 @@ class Connection(asyncio.Protocol):
             self.keep_alive = False
             self.close(abort=True)
             return
-        if not self.head_done:
-            self._received += len(data)
-            if self._received > MAX_HEAD_BYTES:
-                self._fail(httpx.RemoteProtocolError("The answer's head is too large."))
-                return
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -137,6 +132,11 @@ class Connection(asyncio.Protocol):
                 self.keep_alive = False  # bytes past the answer: the connection is not reused
             else:
                 self._fail(httpx.RemoteProtocolError(f"Invalid answer from the upstream: {exc}"))
+                return
+        if not self.head_done:  # counted once parsed: a read may hold the head and more
+            self._received += len(data)
+            if self._received > MAX_HEAD_BYTES:
+                self._fail(httpx.RemoteProtocolError("The answer's head is too large."))
                 return
         self._wake()
 

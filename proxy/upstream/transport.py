@@ -21,11 +21,13 @@ What it keeps of httpcore's behaviour, so that nothing above it changes:
     after 5 s) is dropped before reuse: asyncio reports the close as it comes, and the
     socket is polled when taken, as httpcore polls it (`has_expired`);
   * no request is sent twice. httpcore retries only when the connection it was given turns
-    out not to be available before anything is written (`ConnectionNotAvailable`); here a
-    connection is taken and written to in one step of the loop, so that case cannot arise.
-    A request written to a connection the upstream was closing at that moment fails, as it
-    does with httpcore: model calls are POSTs, and the pool's `keepalive_expiry` under the
-    upstream's idle timeout is what keeps that window shut (`client.KEEPALIVE_S`).
+    out not to be available before anything is written (`ConnectionNotAvailable`); here that
+    is an idle connection handed to a waiting request and closed by the upstream before that
+    request's task ran, and it is done the same way: another connection. A request
+    written to a connection the upstream was closing at that moment fails, as it does with
+    httpcore: model calls are POSTs (billed, not idempotent), and the pool's
+    `keepalive_expiry` under the upstream's idle timeout is what keeps that window shut
+    (`client.KEEPALIVE_S`).
 
 Cancellation-safe: every cleanup is synchronous (a socket closed, a slot freed, a waiter
 handed on), so a task cancelled at any await leaves no connection or slot behind.
@@ -272,9 +274,16 @@ class FastTransport(httpx.AsyncBaseTransport):
         origin = (scheme, url.raw_host.decode("ascii"), port)
         timeouts = request.extensions.get("timeout", {})
         pool = self._pool
-        conn = await pool.acquire(origin, timeouts.get("pool"))
-        if conn is None:
-            conn = await self._connect(origin, timeouts.get("connect"))
+        while True:
+            conn = await pool.acquire(origin, timeouts.get("pool"))
+            if conn is None:
+                conn = await self._connect(origin, timeouts.get("connect"))
+                break
+            if not (conn.closed or conn.ended):
+                break
+            # Handed over idle, and closed by the upstream before this task ran: another one,
+            # as httpcore takes another on ConnectionNotAvailable (nothing was written yet).
+            conn.close(abort=True)
         try:
             method = request.method.encode("ascii")
             conn.start(head_request=method == b"HEAD")

@@ -243,6 +243,28 @@ async def test_a_framed_body_is_read_whole_and_the_connection_reused(
         assert len(accepted) == 1
 
 
+async def test_a_large_answer_arriving_with_its_head_is_read_whole() -> None:
+    body = bytes(i % 251 for i in range(4 * 1024 * 1024))
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    async with (
+        raw_server(answering(answer, OK)) as (url, accepted),
+        FastTransport(limits=limits()) as transport,
+    ):
+        assert (await fetch(transport, request("GET", url))).content == body
+        assert (await fetch(transport, request("GET", url))).content == b"ok"
+        assert len(accepted) == 1
+
+
+async def test_a_head_over_its_bound_is_refused() -> None:
+    answer = b"HTTP/1.1 200 OK\r\n" + b"x-filler: %s\r\n" % (b"a" * 1000) * 200
+    async with (
+        raw_server(answering(answer)) as (url, _),
+        FastTransport(limits=limits()) as transport,
+    ):
+        with pytest.raises(httpx.RemoteProtocolError):
+            await fetch(transport, request("GET", url))
+
+
 async def test_a_head_answer_has_no_body_whatever_its_length_says() -> None:
     head = b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n"
     async with (
