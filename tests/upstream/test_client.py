@@ -39,14 +39,18 @@ async def _echo(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": answer.encode()})
 
 
+@pytest.mark.parametrize("transport", ["fast", "httpx"])
 @pytest.mark.parametrize("size", [0, 10, SLICE_BYTES, SLICE_BYTES + 1, 5 * SLICE_BYTES + 7])
-def test_the_body_goes_whole_with_its_length_and_says_once_that_it_is_sent(size: int) -> None:
+def test_the_body_goes_whole_with_its_length_and_says_once_that_it_is_sent(
+    size: int, transport: str
+) -> None:
     payload = bytes(i % 251 for i in range(size))
     sent: list[int] = []
 
     async def go(url: str) -> str:
         body = RequestBody(payload, lambda: sent.append(len(sent)))
-        async with httpx.AsyncClient() as client:
+        sender = FastTransport() if transport == "fast" else httpx.AsyncHTTPTransport()
+        async with httpx.AsyncClient(transport=sender) as client:
             request = client.build_request("POST", url, headers=body.headers, content=body)
             response = await client.send(request)
             # Told before the answer could come: the upstream reads all of it first.
