@@ -200,15 +200,16 @@ def _pool_timed_out(fut: asyncio.Future[Connection | None]) -> None:
 
 def _readable(conn: Connection) -> bool:
     """Whether an idle connection's socket has something to read: only the upstream's close
-    (or bytes nobody asked for). httpcore's check before reuse; asyncio usually reported the
-    close already, but not if it came in since the loop last polled."""
+    (or bytes nobody asked for). httpcore's check before reuse (`is_socket_readable`);
+    asyncio usually reported the close already, but not if it came in since the loop last
+    polled. poll, not select: select fails on descriptors past 1023, which a busy proxy has."""
     sock = conn.socket
-    if sock is None:
+    fd = -1 if sock is None else sock.fileno()
+    if fd < 0:
         return True
-    try:
-        return bool(select.select([sock.fileno()], [], [], 0)[0])
-    except (OSError, ValueError):
-        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class ResponseStream(httpx.AsyncByteStream):
@@ -352,6 +353,8 @@ async def _send(
     for name, value in headers:
         lowered = name.lower()
         if lowered == b"content-length":
+            if not value.isdigit() or (length is not None and int(value) != length):
+                raise httpx.LocalProtocolError(f"Invalid Content-Length {value!r}")
             length = int(value)
         elif lowered == b"transfer-encoding":
             chunked = b"chunked" in value.lower()

@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import datetime
 import ipaddress
+import os
+import resource
 import socket
 import ssl
 import threading
@@ -182,6 +184,26 @@ async def test_an_idle_connection_the_upstream_closed_is_not_reused() -> None:
         assert len(accepted) == 2
 
 
+async def test_a_connection_is_reused_when_its_descriptor_is_past_1023() -> None:
+    """A busy proxy's sockets have large descriptors: the stale check before reuse must not
+    take them for closed ones (select() cannot watch a descriptor past 1023)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip("needs 1,200 file descriptors")
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        async with (
+            raw_server(answering(OK, OK)) as (url, accepted),
+            FastTransport(limits=limits()) as transport,
+        ):
+            for _ in range(2):
+                assert (await fetch(transport, request("GET", url))).content == b"ok"
+            assert len(accepted) == 1
+    finally:
+        for fd in fillers:
+            os.close(fd)
+
+
 @pytest.mark.parametrize(
     ("answer", "reused"),
     [
@@ -210,6 +232,30 @@ async def test_a_request_that_says_close_is_not_reused() -> None:
         for _ in range(2):
             await fetch(transport, request("GET", url, headers={"connection": "close"}))
         assert len(accepted) == 2
+
+
+async def test_a_request_the_upstream_dropped_unanswered_is_not_sent_again() -> None:
+    """As httpcore: a request written to a reused connection that the upstream then closes
+    without a byte of answer fails; resending it could run a billed model call twice."""
+    requests = 0
+
+    async def drops_the_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        await read_request(reader)
+        requests += 1
+        writer.write(OK)
+        await read_request(reader)
+        requests += 1
+        writer.transport.abort()
+
+    async with (
+        raw_server(in_turn(drops_the_second, answering(OK))) as (url, accepted),
+        FastTransport(limits=limits()) as transport,
+    ):
+        await fetch(transport, request("POST", url, content=b"{}"))
+        with pytest.raises(httpx.RemoteProtocolError):
+            await fetch(transport, request("POST", url, content=b"{}"))
+        assert (requests, len(accepted)) == (2, 1)
 
 
 # -- bodies ----------------------------------------------------------------------------------
