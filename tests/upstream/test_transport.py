@@ -73,7 +73,8 @@ async def raw_server(
     finally:
         server.close()
         for writer in accepted:
-            writer.transport.abort()
+            if not writer.transport.is_closing():  # asyncio's abort() fails once closed
+                writer.transport.abort()
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
