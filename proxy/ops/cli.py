@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             create_app(config),
             host=host,
             port=port,
-            # h11 with a headers deadline and a bound on open connections (proxy/edge/serving.py).
+            # h11 with deadlines and a bound on open connections (proxy/edge/guards.py).
             http=protocol_for(config.listen),
             log_config=None,  # our own logging; uvicorn's access log would duplicate ours
             access_log=False,

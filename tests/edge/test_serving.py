@@ -28,7 +28,8 @@ import httpx
 import pytest
 
 from proxy.config import Listen
-from proxy.edge.serving import AcceptErrors, BodyClock, SlowClients, protocol_for
+from proxy.edge.guards import BodyClock, SlowClients
+from proxy.edge.serving import AcceptErrors, protocol_for
 from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream
 from tests.servers import recap_app, serve
