@@ -219,6 +219,11 @@ class RidingRequest(Protocol):
         between two of the API's entries, so no "messages 1 to K" says it exactly."""
         ...
 
+    def output_limit(self, forwarded: bytes, limit: int) -> int:
+        """The most output tokens the request asks for when the summary's limit is `limit`
+        (more where the API spends some before the text: Anthropic's thinking budget)."""
+        ...
+
     def body(
         self, forwarded: bytes, instruction: str, model: str, options: Mapping[str, Any]
     ) -> bytes:

@@ -21,8 +21,11 @@ summary's: changing `thinking` instead (off, or a smaller budget) would invalida
 messages' cache, the part the call rides on (Anthropic: changes to thinking parameters
 invalidate message cache breakpoints), while `max_tokens` is no part of any cache. The
 cost is the model's thinking before its summary, billed as output (at most the client's
-own budget); a model whose output cap is below the raised limit answers 400, and the
-transcript call is made (`failed`). Sampling: the scene's `temperature` (or its `top_p`
+own budget); the call's fit in the summarizer's window counts the raised limit
+(`output_limit`: `too_large` when it does not fit), and a model whose output cap is below
+it answers 400, after which the transcript call is made (`failed`). Adaptive thinking has
+no budget to add: its thinking shares the summary's limit (a cut answer is asked for once
+more, shorter, then goes as a transcript). Sampling: the scene's `temperature` (or its `top_p`
 when it sets no temperature: current models take one of the two, so a `top_p` the client
 sent goes when the scene's temperature comes), except with thinking on, where Anthropic
 accepts neither a changed temperature nor a `top_k`: the client's sampling goes as it was.
@@ -59,6 +62,13 @@ def _thinking(found: Mapping[str, Any]) -> dict[str, Any] | None:
     if isinstance(value, dict) and value.get("type") in ("enabled", "adaptive"):
         return value
     return None
+
+
+def _budget(found: Mapping[str, Any]) -> int:
+    """The thinking's `budget_tokens` (0: no thinking, or one without a budget)."""
+    thinking = _thinking(found)
+    budget = thinking.get("budget_tokens") if thinking is not None else None
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) else 0
 
 
 class MessagesRiding:
@@ -112,6 +122,11 @@ class MessagesRiding:
                 return None
         return None
 
+    def output_limit(self, forwarded: bytes, limit: int) -> int:
+        found = read_members(forwarded)
+        # The thinking comes first: the summary keeps its own room after its budget.
+        return limit + (_budget(found) if found is not None else 0)
+
     def body(
         self, forwarded: bytes, instruction: str, model: str, options: Mapping[str, Any]
     ) -> bytes:
@@ -120,13 +135,9 @@ class MessagesRiding:
         values = {m.key: m.value for m in found}
         limit = options.get("max_tokens")
         limit = limit if isinstance(limit, int) else DEFAULT_MAX_TOKENS
-        thinking = _thinking(values)
-        budget = thinking.get("budget_tokens") if thinking is not None else None
-        if isinstance(budget, int) and not isinstance(budget, bool):
-            limit += budget  # the thinking comes first: the summary keeps its own room
-        changed: dict[str, Any] = {"model": model, "max_tokens": limit}
+        changed: dict[str, Any] = {"model": model, "max_tokens": limit + _budget(values)}
         dropped = {"stream"}
-        if thinking is None:
+        if _thinking(values) is None:
             if options.get("temperature") is not None:
                 changed["temperature"] = options["temperature"]
                 dropped.add("top_p")

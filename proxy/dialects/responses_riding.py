@@ -98,6 +98,9 @@ class ResponsesRiding:
         count = sum(_items(m) for m in view[pinned:last])
         return Numbered(pinned + count, str(view[last - 1].get("role") or "message"))
 
+    def output_limit(self, forwarded: bytes, limit: int) -> int:
+        return limit  # reasoning counts inside max_output_tokens
+
     def body(
         self, forwarded: bytes, instruction: str, model: str, options: Mapping[str, Any]
     ) -> bytes:

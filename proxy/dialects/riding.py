@@ -66,6 +66,9 @@ class ChatRiding:
             return None
         return Numbered(last, str(view[last - 1].get("role") or "message"))
 
+    def output_limit(self, forwarded: bytes, limit: int) -> int:
+        return limit
+
     def body(
         self, forwarded: bytes, instruction: str, model: str, options: Mapping[str, Any]
     ) -> bytes:

@@ -103,7 +103,7 @@ class Rider:
         fits = riding_fits(
             riding,
             window=ex.tenant.summarizer.context_window,
-            max_tokens=plan.max_tokens,
+            max_tokens=request.output_limit(forwarded.body, plan.max_tokens),
             instruction_tokens=ex.measure.text(instruction),
             count=ex.measure.tokens,
         )

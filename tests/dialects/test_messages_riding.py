@@ -70,6 +70,9 @@ def test_the_messages_bytes_are_kept_and_one_user_turn_ends_them() -> None:
     # on, no temperature (Anthropic refuses a changed one).
     assert "stream" not in body and body["max_tokens"] == 2000 + 99
     assert "temperature" not in body
+    # What the window must leave free for the answer (the fit of the riding call).
+    assert RIDING.output_limit(sent, 99) == body["max_tokens"]
+    assert RIDING.output_limit(forwarded(), 99) == 99
 
 
 def test_without_thinking_the_limit_is_the_summary_s_and_sampling_the_scene_s() -> None:
