@@ -25,7 +25,7 @@ from tests.fake_responses import FakeResponses
 from tests.fakes import Recorded
 from tests.faults import MODEL, history, wait_until
 from tests.messages_history import TOOLS, from_chat
-from tests.servers import serve
+from tests.servers import recap_app, serve
 from tests.stages.test_ahead_riding import TURNS, config, done_lines
 
 THINKING = {"type": "enabled", "budget_tokens": 2000}
@@ -275,3 +275,38 @@ def test_a_responses_body_that_cannot_give_a_summary_goes_as_a_transcript(
     assert fake.response_requests("summarize") == []
     [call] = fake.chat_requests("summarize")  # the transcript, as a Chat Completion
     assert [m["role"] for m in call.json["messages"]] == ["system", "user"]
+
+
+def test_a_messages_turn_that_compacts_on_its_path_rides_on_the_request_it_extends(
+    messages_up: tuple[FakeMessages, str], tmp_path: Path, logs: LogCapture
+) -> None:
+    """With no background work, the turn that crosses the trigger compacts on its path and
+    rides on the conversation's previous request, kept as it was forwarded."""
+    fake, url = messages_up
+    fake.respond = lambda body: Answer(text="Here is what I found.")
+    system, messages = from_chat(history(TURNS), cache=False)
+    with serve(recap_app(config(url, tmp_path))) as root:
+        c = claude(root, "m3")
+        c.messages.create(model=MODEL, max_tokens=1000, system=system, messages=messages)  # type: ignore[arg-type]
+        logs.access(expect=1)  # written once the answer is done: the request is kept then
+        assert fake.message_requests("summarize") == []
+        previous = fake.message_requests()[-1]
+        second = [
+            *messages,
+            {"role": "assistant", "content": [{"type": "text", "text": "Here is what I found."}]},
+            {"role": "user", "content": "And the baggage? " + "Check the fare rules. " * 120},
+        ]
+        raw = c.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=1000,
+            system=system,
+            messages=second,  # type: ignore[arg-type]
+        )
+        assert raw.headers["x-recap-summary-version"] == "1"
+        [riding] = fake.message_requests("summarize")
+        assert_rides_on(riding, previous, "messages")
+        session = next(
+            c for c in logs.access(expect=2)[-1]["compactions"] if c["layer"] == "session"
+        )
+        assert session["summarizer_input"] == "cache_riding" and "riding_fallback" not in session
+    assert fake.problems == []
