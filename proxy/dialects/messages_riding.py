@@ -38,7 +38,8 @@ is not a list: `Refusal.UNREADABLE`.
 The instruction numbers messages as the model sees them: the system prompt (the client's
 blocks, and the session summary Recap puts after them) is message 1, then each entry of
 `messages`. A fold that ends inside one entry (its tool results, then a text block that
-starts the next turn) cannot be numbered, and is not ridden.
+starts the next turn) cannot be numbered, and is not ridden; a text block Recap merged into
+an entry (a user-role summary, a loop working summary) is lined up around.
 """
 
 from __future__ import annotations
@@ -69,6 +70,19 @@ def _budget(found: Mapping[str, Any]) -> int:
     thinking = _thinking(found)
     budget = thinking.get("budget_tokens") if thinking is not None else None
     return budget if isinstance(budget, int) and not isinstance(budget, bool) else 0
+
+
+def _folded(pieces: Sequence[list[str]], roles: Sequence[str]) -> int | None:
+    """How many of the leading entries (each the roles of its neutral pieces) make exactly
+    the neutral messages of `roles`, in order (None: none do)."""
+    at = 0
+    for n, piece in enumerate(pieces):
+        if at == len(roles):
+            return n
+        if list(roles[at : at + len(piece)]) != piece:
+            return None
+        at += len(piece)
+    return len(pieces) if at == len(roles) else None
 
 
 class MessagesRiding:
@@ -102,25 +116,30 @@ class MessagesRiding:
             return None
         # The view's leading instructions are the request's `system` (dialects/messages.py
         # renders them there); each entry of `messages` is the neutral messages it splits
-        # into. The view must be exactly those, or no number is sure.
+        # into, their roles the view's. Where Recap merged a text block of its own into an
+        # entry (a user-role summary, before the fold's end, or a loop working summary,
+        # after it), the pieces no longer match the view one for one, so they are lined up
+        # from the side the merge is not on; the roles must agree there, or no number is sure.
         system = 0
         while system < len(view) and view[system].get("role") in PINNED_ROLES:
             system += 1
+        if last <= system:
+            return None
         try:
-            sizes = [len(split(i, m, {})) for i, m in enumerate(entries)]
+            pieces = [[str(p.get("role")) for p in split(i, m, {})] for i, m in enumerate(entries)]
         except (KeyError, TypeError, AttributeError):
             return None
-        if sum(sizes) != len(view) - system or last <= system:
+        roles = [str(m.get("role")) for m in view]
+        start = _folded(pieces, roles[system:last])
+        if sum(map(len, pieces)) == len(view) - system:
+            folded = start  # no merge: one for one from the start
+        else:
+            after = _folded([p[::-1] for p in reversed(pieces)], roles[last:][::-1])
+            ends = {start, None if after is None else len(entries) - after} - {None}
+            folded = ends.pop() if len(ends) == 1 else None  # two answers: neither is sure
+        if not folded:
             return None
-        folded = 0
-        for n, size in enumerate(sizes):
-            folded += size
-            if folded == last - system:
-                role = entries[n].get("role")
-                return Numbered((1 if system else 0) + n + 1, str(role))
-            if folded > last - system:
-                return None
-        return None
+        return Numbered((1 if system else 0) + folded, str(entries[folded - 1].get("role")))
 
     def output_limit(self, forwarded: bytes, limit: int) -> int:
         found = read_members(forwarded)

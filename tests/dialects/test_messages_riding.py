@@ -157,3 +157,32 @@ def test_a_fold_that_ends_inside_one_message_cannot_be_numbered() -> None:
     assert RIDING.number(raw, view, 3) is None  # the result and the text are one message
     whole = RIDING.number(raw, view, 4)
     assert whole is not None and (whole.count, whole.role) == (3, "user")
+
+
+def test_a_text_block_recap_merged_into_a_message_is_lined_up_from_the_other_side() -> None:
+    """A user-role summary becomes a block of the first kept user message (before the
+    fold's end), a working summary one of a later user message (after it): the count is
+    taken from the side with no merge, and the roles must agree."""
+    parsed = parsed_of(forwarded())
+    roles = [m["role"] for m in parsed.messages]
+    turn = roles.index("user", 2)  # the second turn's user message: a turn start
+    summary = {"role": "user", "content": "<recap-summary>Earlier.</recap-summary>"}
+    view = [parsed.messages[0], summary, *parsed.messages[turn:]]
+    sent = MessagesDialect().render(parsed, view)
+    entries = json.loads(sent)["messages"]
+    assert len(entries) == len(view) - 2  # the summary is a block of the first entry
+    answer = [m["role"] for m in view].index("assistant")
+    numbered = RIDING.number(sent, view, answer + 1)
+    assert numbered is not None and numbered.role == "assistant"
+    assert entries[numbered.count - 2]["content"][0]["text"] == view[answer]["content"]
+    # A block merged after the fold: the count is taken from the start.
+    plain = parsed.messages
+    last_user = max(i for i, m in enumerate(plain) if m["role"] == "user")
+    note = {"role": "user", "content": "<recap-working-summary>x</recap-working-summary>"}
+    later = [*plain[:last_user], note, *plain[last_user:]]
+    merged = MessagesDialect().render(parsed, later)
+    assert len(json.loads(merged)["messages"]) == len(json.loads(forwarded())["messages"])
+    fold = turn + answer - 1  # the same answer, in the view without the summary
+    first = RIDING.number(forwarded(), plain, fold)
+    assert first is not None and plain[fold - 1]["content"] == view[answer]["content"]
+    assert RIDING.number(merged, later, fold) == first
