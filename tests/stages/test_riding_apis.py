@@ -6,6 +6,7 @@ a summary goes as a transcript and the log and the audit say why."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -20,8 +21,8 @@ from proxy.app import create_app
 from proxy.wire.members import members
 from tests.conftest import LogCapture
 from tests.dialects.test_responses_route import responses_items
-from tests.fake_messages import Answer, FakeMessages
-from tests.fake_responses import FakeResponses
+from tests.fake_messages import Answer, FakeMessages, extractive
+from tests.fake_responses import FakeResponses, riding_summary
 from tests.fakes import Recorded
 from tests.faults import MODEL, history, wait_until
 from tests.messages_history import TOOLS, from_chat
@@ -113,6 +114,8 @@ def test_a_messages_compaction_rides_on_the_forwarded_request_in_the_messages_ap
 ) -> None:
     fake, url = messages_up
     fake.respond = lambda body: Answer(text="Here is what I found.")
+    # The summarizer thinks first, as the request's thinking asks: its text is the summary.
+    fake.summarize_messages = lambda body: Answer(text=extractive(body), thinking="Facts first.")
     system, messages = from_chat(history(TURNS))
     with serve(create_app(config(url, tmp_path))) as root:
         answer = claude(root, "m1").messages.create(
@@ -200,6 +203,10 @@ def test_a_responses_compaction_rides_on_the_forwarded_request_in_the_responses_
     responses_up: tuple[FakeResponses, str], tmp_path: Path, logs: LogCapture
 ) -> None:
     fake, url = responses_up
+    # A reasoning model's answer: a reasoning item before the message that holds the summary.
+    fake.summarize_responses = lambda body: dataclasses.replace(
+        riding_summary(body), reasoning=True
+    )
     instructions, items = responses_items(history(TURNS))
     with serve(create_app(config(url, tmp_path))) as root:
         with gpt(root, "r1").responses.with_streaming_response.create(
