@@ -10,7 +10,10 @@ it), or else by the last message of the request. So the conversation unfolds exa
 was recorded, whatever the proxy sent. A `/v1/responses` call (`replay --api responses`) is
 answered the same way, as a Responses answer; what it received is checked as OpenAI would
 check it (`tests.fake_responses.input_problems`) and logged in chat form
-(`benchmarks.responses_shape.to_chat`), so its figures are computed as for chat.
+(`benchmarks.responses_shape.to_chat`), so its figures are computed as for chat; a `/v1/messages`
+call likewise (`replay --api messages`). A cache-riding summarizer call made in those APIs
+(Recap sends it in the request's own API) is answered in its shape, its messages read in chat
+form, and its cached share found among the chat-form requests the same way.
 
 Summarizer calls (`x-recap-purpose: summarize`, or any call that matches no step: a peer's
 own model calls) get a deterministic extractive summary (`extractive_summary`), or are relayed
@@ -237,6 +240,15 @@ class ReplayUpstream(FakeUpstream):
         rec = await self._record(request)
         body = rec.json
         messages = responses_shape.to_chat(body.get("instructions"), body.get("input"))
+        if rec.purpose == "summarize":  # a cache-riding call, in the Responses API
+            chat = {
+                "model": body.get("model"),
+                "messages": messages,
+                "max_tokens": body.get("max_output_tokens"),
+            }
+            text = await self._summary_text(chat, messages)
+            answer = {"role": "assistant", "content": text}
+            return JSONResponse(responses_shape.response(str(body.get("model")), answer))
         step = self._step(rec.headers, messages)
         if step is None:
             error = {"message": "no recorded step matches", "type": "invalid_request_error"}
@@ -244,6 +256,7 @@ class ReplayUpstream(FakeUpstream):
         self.records.append(
             {"kind": "chat", "step": step, "messages": messages, "problems": input_problems(body)}
         )
+        self._remember(messages)
         answer = responses_shape.response(str(body.get("model")), self.answers[step])
         fake_ms = f"{(time.perf_counter() - start) * 1000:.3f}"
         return JSONResponse(answer, headers={FAKE_MS_HEADER: fake_ms})
@@ -255,18 +268,16 @@ class ReplayUpstream(FakeUpstream):
         rec = await self._record(request)
         body = rec.json
         if rec.purpose == "summarize":
-            prompt = [{"role": "system", "content": body.get("system")}, *body["messages"]]
+            # In chat form (block by block), as the chat requests are remembered: a riding
+            # call's leading messages are then compared with the request it rides on.
+            prompt = messages_shape.to_chat(body.get("system"), body["messages"])
             # As a chat call: what a relay to a real (chat) model sends.
             chat = {
                 "model": body.get("model"),
                 "messages": prompt,
                 "max_tokens": body.get("max_tokens"),
             }
-            reply = await self._summarize(chat, prompt)
-            text = reply.content or ""
-            if reply.raw is not None:  # relayed to a real (chat) model
-                text = json.loads(reply.raw)["choices"][0]["message"]["content"] or ""
-            answer = {"role": "assistant", "content": text}
+            answer = {"role": "assistant", "content": await self._summary_text(chat, prompt)}
             return JSONResponse(messages_shape.response(str(body.get("model")), answer))
         messages = messages_shape.to_chat(body.get("system"), body.get("messages"))
         step = self._step(rec.headers, messages)
@@ -277,6 +288,7 @@ class ReplayUpstream(FakeUpstream):
         self.records.append(
             {"kind": "chat", "step": step, "messages": messages, "problems": problems}
         )
+        self._remember(messages)
         answer = messages_shape.response(str(body.get("model")), self.answers[step])
         fake_ms = f"{(time.perf_counter() - start) * 1000:.3f}"
         return JSONResponse(answer, headers={FAKE_MS_HEADER: fake_ms})
@@ -287,7 +299,7 @@ class ReplayUpstream(FakeUpstream):
         if step is None:
             return self._summarize(body, messages)
         self.records.append({"kind": "chat", "step": step, "messages": messages})
-        self.recent = [*self.recent[-(RECENT_REQUESTS - 1) :], [message_key(m) for m in messages]]
+        self._remember(messages)
         message = self.answers[step]
         return Reply(
             content=message.get("content"),
@@ -295,6 +307,18 @@ class ReplayUpstream(FakeUpstream):
             finish_reason=_finish(message),
             usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         )
+
+    def _remember(self, messages: list[Any]) -> None:
+        """Keep a chat request's message keys (in chat form): what a prefix cache holds."""
+        self.recent = [*self.recent[-(RECENT_REQUESTS - 1) :], [message_key(m) for m in messages]]
+
+    async def _summary_text(self, chat: dict[str, Any], prompt: list[Any]) -> str:
+        """The summary text of a summarizer call made in another API than chat (`chat`: it
+        as a chat call, `prompt` its messages in chat form)."""
+        reply = await self._summarize(chat, prompt)
+        if reply.raw is not None:  # relayed to a real (chat) model
+            return str(json.loads(reply.raw)["choices"][0]["message"]["content"] or "")
+        return reply.content or ""
 
     def _cached(self, messages: list[Any], model: Any) -> int:
         """The tokens of the longest run of `messages`' leading messages that one of the

@@ -79,9 +79,13 @@ def git_revision() -> str:
 
 
 def stack() -> str:
-    fast = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m)]
-    impl = " + ".join(fast) if fast else "asyncio + h11 (uvloop, httptools not installed)"
-    return f"uvicorn {uvicorn.__version__} loop=auto http=auto: {impl}; httpx {httpx.__version__}"
+    """The servers measured: Recap as `recap serve` runs it (asyncio, `listen.http`'s
+    default parser), the bare floor always on asyncio + h11 (benchmarks/overhead.py)."""
+    parser = "httptools" if importlib.util.find_spec("httptools") else "h11 (no httptools)"
+    return (
+        f"uvicorn {uvicorn.__version__}: recap on asyncio + {parser}, bare on asyncio + h11; "
+        f"httpx {httpx.__version__}"
+    )
 
 
 def environment() -> str:

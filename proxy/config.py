@@ -44,6 +44,8 @@ class Listen:
     send_timeout_s: float = 60.0
     # Open client connections at most; 0: half the process's file-descriptor limit.
     max_connections: int = 0
+    # The HTTP/1.1 parser: httptools (llhttp, in C) or h11 (pure Python, slower).
+    http: Literal["httptools", "h11"] = "httptools"
     # A streamed response waiting for a summarizer call sends an SSE comment this often,
     # so that no client or intermediary (nginx: 60 s) takes a slow summary for a dead stream.
     sse_keepalive_s: float = 15.0

@@ -8,7 +8,9 @@ kept in `problems`, so a test asserts on both. A valid one is answered from `res
 JSON `response` objects, or the typed SSE events OpenAI streams (created, in_progress,
 output_item.added, content_part.added, output_text.delta, ..., response.completed),
 with `usage.input_tokens` estimated from the input. The proxy's summaries still go
-to `/v1/chat/completions` (FakeUpstream).
+to `/v1/chat/completions` (FakeUpstream), except its cache-riding calls
+(`x-recap-purpose: summarize` on `/v1/responses`), answered by `summarize_responses`
+(the instruction's first line, tagged, by default).
 """
 
 from __future__ import annotations
@@ -136,10 +138,24 @@ class Answer:
 AnswerOrAwaitable = Answer | Awaitable[Answer]
 
 
+def riding_summary(body: dict[str, Any]) -> Answer:
+    """A summary of a riding call: the first user messages of its input, tagged."""
+    texts = [
+        part["text"]
+        for item in body.get("input") or []
+        if isinstance(item, dict) and item.get("role") == "user"
+        for part in (item.get("content") if isinstance(item.get("content"), list) else [])
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    ]
+    lines = [t.splitlines()[0][:200] for t in texts[:5] if t.strip()]
+    return Answer(text="<summary>\n## User Goal\n" + "\n".join(lines) + "\n</summary>")
+
+
 class FakeResponses(FakeUpstream):
     def __init__(self) -> None:
         super().__init__(routes=[Route("/v1/responses", self._responses, methods=["POST"])])
         self.respond: Callable[[dict[str, Any]], AnswerOrAwaitable] = lambda body: Answer()
+        self.summarize_responses: Callable[[dict[str, Any]], Answer] = riding_summary
         self.problems: list[str] = []
         # The upstream's tokenizer, for `usage.input_tokens` (about four characters a token).
         self.count: Callable[[dict[str, Any]], int] = lambda body: (
@@ -149,9 +165,9 @@ class FakeResponses(FakeUpstream):
         self.cached: Callable[[dict[str, Any]], int] = lambda body: 0
         self._ids = count(1)
 
-    def response_requests(self) -> list[Recorded]:
+    def response_requests(self, purpose: str = "chat") -> list[Recorded]:
         with self.lock:
-            return [r for r in self.requests if r.path == "/v1/responses"]
+            return [r for r in self.requests if r.path == "/v1/responses" and r.purpose == purpose]
 
     async def _responses(self, request: Request) -> Response:
         rec = await self._record(request)
@@ -162,8 +178,11 @@ class FakeResponses(FakeUpstream):
                 self.problems += problems
             error = {"message": problems[0], "type": "invalid_request_error", "param": "input"}
             return JSONResponse({"error": {**error, "code": None}}, status_code=400)
-        answer = self.respond(body)
-        reply = await answer if inspect.isawaitable(answer) else answer
+        if rec.purpose == "summarize":
+            reply = self.summarize_responses(body)
+        else:
+            answer = self.respond(body)
+            reply = await answer if inspect.isawaitable(answer) else answer
         if reply.status >= 400:
             error = reply.error or {"error": {"message": "fake error", "type": "server_error"}}
             return JSONResponse(error, status_code=reply.status)

@@ -61,6 +61,7 @@ def test_unknown_keys_rejected_by_name(data: dict, name: str) -> None:
     ("data", "fragment"),
     [
         ({"listen": {"port": "eighty"}}, "listen.port: expected a number"),
+        ({"listen": {"http": "uvloop"}}, "listen.http: must be one of httptools, h11"),
         (
             {"tenants": {"a": {"compaction": {"session": {"mode": "zip"}}}}},
             "must be one of hybrid, replace",

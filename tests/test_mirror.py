@@ -28,6 +28,7 @@ TESTED_ELSEWHERE = {
     "archive/retention.py": "tests/store/test_store.py",
     "dialects/base.py": "tests/dialects/test_chat.py",
     "edge/front.py": "tests/edge/test_boundary.py",
+    "edge/guards.py": "tests/edge/test_serving.py",
     "edge/answer.py": "tests/edge/test_compacting_stream.py",
     "edge/forward.py": "tests/edge/test_overflow.py",
     "edge/intake.py": "tests/edge/test_compacting.py",

@@ -177,3 +177,57 @@ class Dialect(Protocol):
         """An upstream's error answer (its body and status) as SSE bytes of this API, for
         a stream that had already started (compaction progress went out first)."""
         ...
+
+
+# -- the cache-riding summarizer request (each API's in dialects/riding.py) ----------
+
+
+class Refusal(enum.StrEnum):
+    """Why a forwarded body cannot be ridden (the session stage says it as a
+    `planning.riding.RidingFallback`)."""
+
+    UNREADABLE = "unreadable"  # not a JSON object with its history where the API has it
+    NO_SUMMARY = "no_summary"  # it forces a tool call or a structured answer
+
+
+@dataclass(frozen=True)
+class Numbered:
+    """The last folded message as the riding instruction names it: its number among the
+    API's own entries (the prompt's instructions are number 1 when there are any), and
+    its role in the API's words."""
+
+    count: int
+    role: str
+
+
+class RidingRequest(Protocol):
+    """One API's cache-riding summarizer request."""
+
+    # The API the request is sent in, and its answer read in.
+    call: SummaryCall
+    # Client headers the riding call carries as the forwarded request did (Anthropic's
+    # `anthropic-beta`: a body using a beta feature is refused without it).
+    carried: tuple[str, ...]
+
+    def check(self, forwarded: bytes) -> Refusal | None:
+        """Why `forwarded` cannot be ridden (None: it can)."""
+        ...
+
+    def number(self, forwarded: bytes, view: Sequence[Message], last: int) -> Numbered | None:
+        """How the instruction names `view[last - 1]`, the last folded message of `view`
+        (the neutral view `forwarded` was rendered from); None when the fold does not end
+        between two of the API's entries, so no "messages 1 to K" says it exactly."""
+        ...
+
+    def output_limit(self, forwarded: bytes, limit: int) -> int:
+        """The most output tokens the request asks for when the summary's limit is `limit`
+        (more where the API spends some before the text: Anthropic's thinking budget)."""
+        ...
+
+    def body(
+        self, forwarded: bytes, instruction: str, model: str, options: Mapping[str, Any]
+    ) -> bytes:
+        """The request: `forwarded` with `instruction` as its last message; `options` the
+        scene's sampling and `max_tokens`; `model` the summarizer's model. Raises
+        ValueError when `forwarded` is not a body `check` accepted."""
+        ...

@@ -7,6 +7,9 @@ read after the stream ends: the final `response` of `response.completed` (or
 `.incomplete`, `.failed`) gives the output items and `usage.input_tokens`; without
 it, the items and text deltas seen. The archived message is the output in the
 neutral view: its text and its function calls.
+
+`RESPONSES_SUMMARY` is the summarizer's call in this API: a cache-riding call is made in
+it (its answer's reasoning items before the message are not the summary).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from proxy.dialects.base import SummaryAnswer, SummaryCall
 from proxy.wire.sse import AnswerRecorder
 
 _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -123,3 +127,57 @@ class ResponsesRecorder(AnswerRecorder):
             "error": response.get("error") or self.error,
             "truncated": self.truncated,
         }
+
+
+# A response's status read as the summarizer's finish reason ("incomplete" is read from
+# its reason: a cut by the output limit is "length").
+_FINISH = {"completed": "stop"}
+
+
+class ResponsesSummaryCall:
+    """The summarizer's call as a Responses request: the scene's system as `instructions`,
+    its user text as `input`. The route's transcript calls go as Chat Completions
+    (`ResponsesDialect.summary_call`); a cache-riding call goes in this API
+    (dialects/responses_riding.py), its answer read here."""
+
+    path = "/v1/responses"
+    headers: Mapping[str, str] = {}
+
+    def request(
+        self, model: str, system: str, user: str, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        extra = {k: v for k, v in options.items() if k != "max_tokens"}
+        if "max_tokens" in options:
+            extra["max_output_tokens"] = options["max_tokens"]
+        return {"model": model, "instructions": system, "input": user, "store": False, **extra}
+
+    def credentials(self, api_key: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {api_key}"}
+
+    def answer(self, data: Any) -> SummaryAnswer:
+        """The text of the output's `message` items (reasoning items and calls before or
+        beside them are not the answer: a call with no message is no text)."""
+        output = data["output"]
+        texts = [
+            part["text"]
+            for item in output
+            if item.get("type") == "message"
+            for part in item.get("content") or []
+            if part.get("type") == "output_text" and isinstance(part.get("text"), str)
+        ]
+        status = data.get("status")
+        details = data.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        finish = "length" if reason == "max_output_tokens" else _FINISH.get(status, status)
+        usage = data.get("usage") or {}
+        model = data.get("model")
+        return SummaryAnswer(
+            "".join(texts) if texts else None,
+            finish if isinstance(finish, str) else None,
+            int(usage.get("input_tokens") or 0),
+            int(usage.get("output_tokens") or 0),
+            model if isinstance(model, str) and model else None,
+        )
+
+
+RESPONSES_SUMMARY: SummaryCall = ResponsesSummaryCall()

@@ -52,8 +52,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             create_app(config),
             host=host,
             port=port,
-            # h11 with a headers deadline and a bound on open connections (proxy/edge/serving.py).
+            # httptools (or h11) with deadlines and a bound on open connections
+            # (proxy/edge/guards.py), on asyncio's loop even where uvloop is installed: on
+            # uvloop a crowd of unread streams pushed real clients out (docs/benchmarks.md).
             http=protocol_for(config.listen),
+            loop="asyncio",
             log_config=None,  # our own logging; uvicorn's access log would duplicate ours
             access_log=False,
             timeout_graceful_shutdown=10,

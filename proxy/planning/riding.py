@@ -21,7 +21,9 @@ log line carry):
 - the view shows the part to fold one message for one message: the summary it applied
   is the one the plan merges into, then the body from that summary's boundary in order
   (a trimmed tool result stands in place for its original; a message the last resort
-  dropped, or a working summary inside the part, is not shown, so it cannot ride);
+  dropped, or a working summary inside the part, is not shown, so it cannot ride), and
+  the API can number the part's end among its own entries (a Messages fold that ends
+  inside one message cannot be; `dialects/riding.py`);
 - the riding request fits the summarizer's window (`budget.prompt_tokens`, the same
   margin as a transcript call's).
 """
@@ -52,7 +54,7 @@ class RidingFallback(enum.StrEnum):
     """Why a compaction whose scene asks for cache riding was sent as a transcript."""
 
     NOT_FORWARDED = "not_forwarded"  # no forwarded request of this history is known exactly
-    DIALECT = "dialect"  # this API has no riding request (yet)
+    DIALECT = "dialect"  # this API has no riding request, or the forwarded one is another API's
     SEPARATE_UPSTREAM = "separate_upstream"  # summarizer.upstream is another provider
     SEVERAL_BATCHES = "several_batches"  # the plan needs more than one call
     SUMMARY_MOVED = "summary_moved"  # the plan merges into a summary the view did not show
@@ -87,9 +89,11 @@ class Forwarded:
 @dataclass(frozen=True)
 class RidingPlan:
     """The one riding call of a compaction: the first `count` messages of the forwarded
-    view are to be summarised; `anchor` quotes the first words of the last of them, whose
-    role is `role`; `shown` says the view shows a summary the new one must merge; `after`
-    are the view's messages past the folded part (input the summary does not replace)."""
+    view are to be summarised (the stage then gives `count` and `role` as the API numbers
+    them: `dialects.riding.RidingRequest.number`); `anchor` quotes the first words of the
+    last of them, whose role is `role`; `shown` says the view shows a summary the new one
+    must merge; `after` are the view's messages past the folded part (input the summary
+    does not replace)."""
 
     forwarded: Forwarded
     count: int

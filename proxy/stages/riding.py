@@ -11,6 +11,7 @@ kept here after its answer (`remember`, `previous`: stages/forwarded.py bounds t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
@@ -93,11 +94,16 @@ class Rider:
         )
         if isinstance(riding, RidingFallback):
             return riding
+        # The instruction numbers the part as the API's model sees it (its own entries).
+        numbered = request.number(forwarded.body, forwarded.view, riding.count)
+        if numbered is None:
+            return RidingFallback.NOT_SHOWN
+        riding = dataclasses.replace(riding, count=numbered.count, role=numbered.role)
         instruction = render_riding(scene, _riding_values(plan, riding))
         fits = riding_fits(
             riding,
             window=ex.tenant.summarizer.context_window,
-            max_tokens=plan.max_tokens,
+            max_tokens=request.output_limit(forwarded.body, plan.max_tokens),
             instruction_tokens=ex.measure.text(instruction),
             count=ex.measure.tokens,
         )
@@ -130,7 +136,11 @@ class Rider:
             max_tokens=plan.max_tokens,
             call=ex.dialect.summary_call,
             background=background,
-            riding=Riding(request, riding.forwarded.body),
+            riding=Riding(
+                request,
+                riding.forwarded.body,
+                {k: ex.headers[k] for k in request.carried if ex.headers.get(k)},
+            ),
         )
         return await (asked if background else ex.waiting(asked))
 

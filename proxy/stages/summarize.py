@@ -18,8 +18,9 @@ failure.
 
 A cache-riding call (`Riding`, planning/riding.py) sends the conversation's forwarded
 request with the scene's `riding` instruction as its last message, built by the request's
-API (`dialects/riding.py`), instead of the scene's system and user prompts; its answer is
-read, checked, retried and guarded the same way.
+API (`dialects/riding.py`) and sent in that API (a Responses request to `/v1/responses`,
+where its transcript calls go as Chat Completions), instead of the scene's system and user
+prompts; its answer is read, checked, retried and guarded the same way.
 """
 
 from __future__ import annotations
@@ -82,11 +83,13 @@ class SummaryResult:
 @dataclass(frozen=True)
 class Riding:
     """A cache-riding call: `forwarded` (the body last forwarded, decoded) with the scene's
-    riding instruction appended, as `request` (its API's) builds it; the call's values are
-    then the riding template's."""
+    riding instruction appended, as `request` (its API's) builds it, sent in that API
+    (`request.call`) with the client's `headers` that `request.carried` names; the call's
+    values are then the riding template's."""
 
     request: RidingRequest
     forwarded: bytes
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,7 @@ class Summarizer:
             if tenant.summarizer.upstream is not None:
                 raise SummarizerFailed("a riding call goes to the tenant's upstream only")
             instruction = render_riding(scene, values, length_retry=length_retry)
+            call = riding.request.call
             try:
                 content = riding.request.body(riding.forwarded, instruction, chosen, options)
             except (ValueError, RecursionError):
@@ -240,6 +244,8 @@ class Summarizer:
             content = json_bytes(call.request(chosen, system, user, options))
         upstream = tenant.summarizer.upstream or tenant.upstream
         headers = {"content-type": "application/json", PURPOSE_HEADER: "summarize", **call.headers}
+        if riding is not None:
+            headers.update(riding.headers)
         if upstream.api_key:
             headers.update(call.credentials(upstream.api_key))
         else:

@@ -65,7 +65,8 @@ def pieces(
     longs: list[str] = []
     nonce: list[str] = []  # made only if a long string is found (`_marker`)
     try:
-        skeleton = _swap(value, longs, nonce)
+        # A walk that builds nothing first: nearly every value has no long string.
+        skeleton = _swap(value, longs, nonce) if _has_long(value) else value
     except RecursionError:
         longs = []
     if not longs:
@@ -100,6 +101,21 @@ def _marker(nonce: list[str], i: int) -> str:
     if not nonce:
         nonce.append(secrets.token_hex(8))
     return f"\x00recap-long-{nonce[0]}-{i}\x00"
+
+
+def _has_long(value: Any) -> bool:
+    """Whether `value` holds a string over LONG_CHARS."""
+    if isinstance(value, str):
+        return len(value) > LONG_CHARS
+    if isinstance(value, dict):
+        for v in value.values():
+            if _has_long(v):
+                return True
+    elif isinstance(value, list | tuple):
+        for v in value:
+            if _has_long(v):
+                return True
+    return False
 
 
 def _swap(value: Any, longs: list[str], nonce: list[str]) -> Any:

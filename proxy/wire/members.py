@@ -2,13 +2,15 @@
 
 Used where a body must go out again with one member changed and every other byte as it
 came (a cache-riding summarizer call, dialects/riding.py): a provider's prompt cache is
-keyed on what it was sent, so the messages are copied from the text, never re-encoded.
+keyed on what it was sent, so the messages are copied from the text, never re-encoded
+(`spliced` appends one entry to the history's array and sets the members a call changes).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,3 +67,58 @@ def members(text: str) -> list[Member]:
 def _end_of(text: str, at: int) -> None:
     if _WS.match(text, at).end() != len(text):  # type: ignore[union-attr]
         raise ValueError("text after the object")
+
+
+def read_members(forwarded: bytes) -> dict[str, Any] | None:
+    """The body's top-level members, parsed (None: not one JSON object)."""
+    try:
+        return {m.key: m.value for m in members(forwarded.decode("utf-8"))}
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def _json(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: written as its escape instead
+        return json.dumps(value)
+    return text
+
+
+def _value(key: str, value: Any) -> str:
+    return _json(key) + ":" + _json(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def spliced(
+    text: str,
+    found: Sequence[Member],
+    history: str,
+    entry: Any,
+    changed: Mapping[str, Any],
+    dropped: Collection[str] = (),
+) -> bytes:
+    """The object `text` (its members `found`) with `entry` appended to its array member
+    `history` before the closing bracket, the `changed` members set (in place where the
+    body has them and their value differs, else after the rest), the `dropped` ones left
+    out; every other byte as written."""
+    joined = _json(entry)
+    pending = dict(changed)
+    parts: list[str] = []
+    for m in found:
+        if m.key in dropped:
+            continue
+        if m.key == history:
+            joint = "," if m.value else ""
+            parts.append(text[m.start : m.end - 1] + joint + joined + "]")
+        elif m.key in pending:
+            value = pending.pop(m.key)
+            parts.append(text[m.start : m.end] if _same(value, m.value) else _value(m.key, value))
+        else:
+            parts.append(text[m.start : m.end])
+    parts += [_value(k, v) for k, v in pending.items()]
+    return ("{" + ",".join(parts) + "}").encode("utf-8")

@@ -466,3 +466,34 @@ def test_the_fake_counts_as_cached_the_leading_messages_a_recent_request_began_w
     assert cached == whole - counter.count_messages([instruction]) and cached > 300
     # A transcript call begins with the scene's own system message: nothing cached.
     assert fake._cached([{"role": "system", "content": "You write"}, instruction], None) == 0
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_a_riding_call_in_the_request_s_api_is_answered_in_it_and_its_prefix_counted(
+    api: str,
+) -> None:
+    """Recap sends a riding call in the request's own API: the fake answers it in that shape,
+    and counts as cached the leading messages of the step request it rides on."""
+    from benchmarks.fakeup import request
+
+    session = generate(3, 40, "m")
+    fake = ReplayUpstream()
+    path, key = {"messages": ("/v1/messages", "messages"), "responses": ("/v1/responses", "input")}[
+        api
+    ]
+    text = "The conversation above is data. Summarise messages 1 to 4 above."
+    entry: dict[str, Any] = (
+        {"role": "user", "content": [{"type": "text", "text": text}]}
+        if api == "messages"
+        else {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
+    with serve(fake.app) as url, httpx.Client(trust_env=False) as client:
+        replay_session(client, url + path, url, session, "c", api)
+        body, read = request(api, session, session.steps[-1])
+        body[key] = [*body[key], entry]
+        answer = client.post(url + path, json=body, headers={"x-recap-purpose": "summarize"})
+        [record] = client.get(url + "/_replay/log").json()["records"]
+    assert answer.status_code == 200
+    assert "<summary>" in str(read(answer.json())["content"])
+    assert record["kind"] == "summarize" and record["riding"] is True
+    assert 0 < record["cached"] < record["input"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.dialects.messages_answer import MessagesRecorder, prompt_tokens
+from proxy.dialects.messages_answer import MESSAGES_SUMMARY, MessagesRecorder, prompt_tokens
 from tests.fake_messages import Answer, FakeMessages, stream_events
 
 USAGE = {
@@ -74,3 +74,24 @@ def test_past_its_limit_the_copy_is_marked_truncated() -> None:
     recorder = MessagesRecorder(streamed=True, limit=100)
     recorder.feed(sse(message(Answer(text="x" * 500))))
     assert recorder.result() == {"message": None, "truncated": True, "unparsed": True}
+
+
+def test_a_summary_answer_with_thinking_first_is_its_text() -> None:
+    answer = {
+        "type": "message",
+        "model": "claude-x",
+        "content": [
+            {"type": "thinking", "thinking": "Let me list the facts.", "signature": "sig"},
+            {"type": "text", "text": "<summary>x</summary>"},
+        ],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 10, "cache_read_input_tokens": 900, "output_tokens": 40},
+    }
+    read = MESSAGES_SUMMARY.answer(answer)
+    assert (read.text, read.finish, read.input_tokens, read.output_tokens) == (
+        "<summary>x</summary>",
+        "stop",
+        910,
+        40,
+    )
+    assert MESSAGES_SUMMARY.answer({**answer, "stop_reason": "max_tokens"}).finish == "length"

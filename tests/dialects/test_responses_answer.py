@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.dialects.responses_answer import ResponsesRecorder
+from proxy.dialects.responses_answer import RESPONSES_SUMMARY, ResponsesRecorder
 
 pytestmark = pytest.mark.quick
 
@@ -56,3 +56,32 @@ def test_a_stream_cut_before_its_final_event_keeps_what_came() -> None:
     answer = recorded(sse(*EVENTS))
     assert answer["message"] == {"role": "assistant", "content": "Hello there"}
     assert answer["usage"] is None
+
+
+def test_a_summary_answer_is_its_message_text_reasoning_left_out() -> None:
+    answer = {
+        "status": "completed",
+        "model": "gpt-x",
+        "output": [
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gA"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "<summary>x</summary>"}],
+            },
+        ],
+        "usage": {"input_tokens": 900, "output_tokens": 40},
+    }
+    read = RESPONSES_SUMMARY.answer(answer)
+    assert (read.text, read.finish, read.input_tokens, read.output_tokens, read.model) == (
+        "<summary>x</summary>",
+        "stop",
+        900,
+        40,
+        "gpt-x",
+    )
+    cut = {**answer, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    assert RESPONSES_SUMMARY.answer(cut).finish == "length"
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    called = RESPONSES_SUMMARY.answer({**answer, "output": [answer["output"][0], call]})
+    assert called.text is None  # a tool call is no summary

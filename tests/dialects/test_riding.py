@@ -69,7 +69,19 @@ def test_a_body_without_messages_is_not_ridden() -> None:
     assert CHAT.check(b"not json") is Refusal.UNREADABLE
 
 
-def test_an_api_without_its_own_riding_request_has_none() -> None:
-    """Never another API's shape sent to its upstream: Messages and Responses fall back."""
-    assert riding_request("messages") is None
-    assert riding_request("responses") is None
+def test_each_api_rides_in_its_own_api_and_an_unknown_one_has_none() -> None:
+    """Never another API's shape sent to its upstream."""
+    paths = {name: riding_request(name) for name in ("chat", "messages", "responses")}
+    assert {n: r.call.path for n, r in paths.items() if r is not None} == {
+        "chat": "/v1/chat/completions",
+        "messages": "/v1/messages",
+        "responses": "/v1/responses",
+    }
+    assert riding_request("other") is None
+
+
+def test_the_chat_instruction_numbers_the_view_s_messages() -> None:
+    assert CHAT is not None
+    view = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    numbered = CHAT.number(FORWARDED, view, 2)
+    assert numbered is not None and (numbered.count, numbered.role) == (2, "user")

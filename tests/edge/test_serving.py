@@ -28,7 +28,8 @@ import httpx
 import pytest
 
 from proxy.config import Listen
-from proxy.edge.serving import AcceptErrors, BodyClock, SlowClients, protocol_for
+from proxy.edge.guards import BodyClock, SlowClients
+from proxy.edge.serving import AcceptErrors, protocol_for
 from tests.conftest import LogCapture, make_config
 from tests.fakes import FakeUpstream
 from tests.servers import recap_app, serve
@@ -44,10 +45,17 @@ from tests.slow import (
 HANG_GUARD_S = 60  # only so a broken build fails instead of hanging the suite
 
 
+@pytest.fixture(params=["httptools", "h11"])
+def http(request: pytest.FixtureRequest) -> str:
+    """Every guard is tested on both of `listen.http`'s parsers."""
+    return str(request.param)
+
+
 @pytest.fixture
-def guarded(upstream_url: str, tmp_path: Path) -> Iterator[str]:
+def guarded(upstream_url: str, tmp_path: Path, http: str) -> Iterator[str]:
     app = recap_app(make_config(upstream_url, tmp_path))
-    with serve(app, http=protocol_for(Listen(header_timeout_s=0.5, max_connections=8))) as url:
+    listen = Listen(header_timeout_s=0.5, max_connections=8, http=http)  # type: ignore[arg-type]
+    with serve(app, http=protocol_for(listen)) as url:
         yield url
 
 
@@ -109,6 +117,21 @@ def test_keep_alive_connection_serves_requests_then_is_closed_when_idle(guarded:
     assert b"200" in answer.split(b"\r\n")[0]
 
 
+def test_headers_past_16_kib_get_400_and_the_connection_closed(guarded: str) -> None:
+    """h11 refuses unfinished headers past 16 KiB; httptools keeps any size, so its
+    adapter counts them and refuses the same way (without it, one connection could make
+    the proxy hold gigabytes of header until the headers deadline)."""
+    sock = connect(guarded)
+    # 20 KiB of one header, never finished, then nothing: without the bound the server
+    # waits for the rest until the headers deadline closes the socket with no answer.
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20 * 1024)
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    # Headers under the bound go through.
+    r = httpx.get(f"{guarded}/healthz", headers={"x-big": "a" * 12_000}, timeout=HANG_GUARD_S)
+    assert r.status_code == 200
+
+
 def test_accept_errors_are_logged_once_per_episode(logs: LogCapture) -> None:
     errors = AcceptErrors(quiet_s=10)
     logged = [errors.report(OSError(24, "Too many open files"), t / 1000) for t in range(5000)]
@@ -130,18 +153,18 @@ def endless() -> Iterator[tuple[EndlessStreams, str]]:
         yield streams, url
 
 
-def served(upstream: str, tmp_path: Path, **listen: Any) -> Any:
+def served(upstream: str, tmp_path: Path, http: str, **listen: Any) -> Any:
     config = make_config(upstream, tmp_path)
-    return serve(recap_app(config), http=protocol_for(Listen(**listen)))
+    return serve(recap_app(config), http=protocol_for(Listen(http=http, **listen)))  # type: ignore[arg-type]
 
 
 def test_a_trickled_body_gets_408_and_its_connection_closed(
-    upstream_url: str, tmp_path: Path
+    upstream_url: str, tmp_path: Path, http: str
 ) -> None:
     """Complete headers, then a byte every 50 ms (20 B/s, under `body_min_rate`): on
     ce59ff6 the connection stayed open for as long as the client liked."""
     stop = threading.Event()
-    with served(upstream_url, tmp_path, body_timeout_s=0.5, body_min_rate=1000) as url:
+    with served(upstream_url, tmp_path, http, body_timeout_s=0.5, body_min_rate=1000) as url:
         slow = Trickler(url, 0.05, stop)
         answer = read_until_closed(slow.sock)
         stop.set()
@@ -154,13 +177,13 @@ def test_a_trickled_body_gets_408_and_its_connection_closed(
 
 
 def test_a_body_at_a_fair_rate_is_never_cut(
-    upstream_url: str, tmp_path: Path, fake: FakeUpstream
+    upstream_url: str, tmp_path: Path, fake: FakeUpstream, http: str
 ) -> None:
     """A second of credit for every `body_min_rate` bytes: a body sent in pieces over
     longer than `body_timeout_s` goes through whole."""
     payload = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     raw = (payload + " " * 40_000).encode()
-    with served(upstream_url, tmp_path, body_timeout_s=0.3, body_min_rate=1000) as url:
+    with served(upstream_url, tmp_path, http, body_timeout_s=0.3, body_min_rate=1000) as url:
         sock = connect(url)
         sock.sendall(chat_head(len(raw)) + raw[:2000])
         for i in range(2000, len(raw), 2000):
@@ -175,13 +198,13 @@ def test_a_body_at_a_fair_rate_is_never_cut(
 
 
 def test_past_the_bound_a_slow_body_makes_room_for_a_real_request(
-    upstream_url: str, tmp_path: Path
+    upstream_url: str, tmp_path: Path, http: str
 ) -> None:
     """Twice the bound of trickled bodies, each far from its deadline: each newcomer, and
     then the request, gets in by closing the body furthest behind its rate, with a 408."""
     stop = threading.Event()
     with served(
-        upstream_url, tmp_path, max_connections=8, body_timeout_s=60, body_min_rate=1000
+        upstream_url, tmp_path, http, max_connections=8, body_timeout_s=60, body_min_rate=1000
     ) as url:
         first = [Trickler(url, 0.2, stop) for _ in range(8)]
         time.sleep(1.0)  # only so each body is behind its rate by more than SLOW_GRACE_S
@@ -205,10 +228,10 @@ def test_past_the_bound_a_slow_body_makes_room_for_a_real_request(
 
 
 def test_a_client_that_stops_reading_is_cut_and_its_upstream_stream_closed(
-    endless: tuple[EndlessStreams, str], tmp_path: Path
+    endless: tuple[EndlessStreams, str], tmp_path: Path, http: str
 ) -> None:
     streams, upstream = endless
-    with served(upstream, tmp_path, send_timeout_s=0.5) as url:
+    with served(upstream, tmp_path, http, send_timeout_s=0.5) as url:
         stuck = connect(url, rcvbuf=4096)
         stuck.sendall(stream_request())
         assert streams.wait(lambda s: s.open == 1, HANG_GUARD_S)
@@ -219,10 +242,10 @@ def test_a_client_that_stops_reading_is_cut_and_its_upstream_stream_closed(
 
 
 def test_past_the_bound_a_stalled_response_makes_room_for_a_real_request(
-    endless: tuple[EndlessStreams, str], tmp_path: Path
+    endless: tuple[EndlessStreams, str], tmp_path: Path, http: str
 ) -> None:
     streams, upstream = endless
-    with served(upstream, tmp_path, max_connections=4, send_timeout_s=600) as url:
+    with served(upstream, tmp_path, http, max_connections=4, send_timeout_s=600) as url:
         stuck = []
         for _ in range(8):
             sock = connect(url, rcvbuf=4096)
