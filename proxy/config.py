@@ -59,6 +59,9 @@ class Upstream:
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_connections: int = 512
+    # How requests go upstream: "fast", Recap's own HTTP/1.1 client (proxy/upstream/transport.py:
+    # asyncio Protocols, httptools' C parser); "httpx", httpx's default transport (httpcore).
+    transport: Literal["fast", "httpx"] = "fast"
 
 
 @dataclass(frozen=True)

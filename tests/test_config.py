@@ -81,6 +81,10 @@ def test_unknown_keys_rejected_by_name(data: dict, name: str) -> None:
             "tenants.a.remote_compaction: must be one of recap, passthrough",
         ),
         ({"compaction_secret": "short"}, "compaction_secret: must be at least 32"),
+        (
+            {"tenants": {"a": {"upstream": {"transport": "h2"}}}},
+            "tenants.a.upstream.transport: must be one of fast, httpx",
+        ),
     ],
 )
 def test_bad_values_rejected_with_key(data: dict, fragment: str) -> None:

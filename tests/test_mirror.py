@@ -53,6 +53,7 @@ TESTED_ELSEWHERE = {
     "store/sql.py": "tests/store/test_store.py",
     "store/sqlite.py": "tests/store/test_store.py",
     "store/transfer.py": "tests/store/test_migrate_store.py",
+    "upstream/connection.py": "tests/upstream/test_transport.py",
     "upstream/error_answer.py": "tests/edge/test_overflow.py",
     "web/chart.py": "tests/web/test_render.py",
     "web/conversation.py": "tests/web/test_render.py",

@@ -27,6 +27,7 @@ import httpx
 
 from proxy.config import Upstream
 from proxy.errors import RecapError, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from proxy.upstream.transport import FastTransport
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the transport recomputes.
 HOP_BY_HOP = frozenset(
@@ -60,6 +61,8 @@ RECAP_HEADER_PREFIX = "x-recap-"
 # connections) bookkeeping on every request (encode/httpcore#1035): with 200 streams
 # in flight that was 40% of the proxy's CPU (benchmarks/soak.py); 8 smaller pools
 # cost 64 times less, and their connections add up to the same `max_connections`.
+# (The fast transport's pool does constant work per request; the shards stay for the
+# httpx fallback, and cost it nothing.)
 SHARDS = 8
 
 
@@ -118,10 +121,17 @@ class UpstreamClient:
             max_keepalive_connections=max_connections,
             keepalive_expiry=KEEPALIVE_S,
         )
-        # trust_env=False: a proxy must not pick up HTTP(S)_PROXY meant for its host's tools.
-        self._transport = httpx.AsyncHTTPTransport(
-            verify=tls if tls is not None else True, limits=limits, trust_env=False
-        )
+        self._transport: httpx.AsyncBaseTransport
+        if u.transport == "fast":
+            # The default: HTTP/1.1 parsed in C on asyncio's own callbacks, a third of
+            # httpcore's CPU per request (benchmarks/transport.py). It reads no environment,
+            # so HTTP(S)_PROXY meant for the host's tools is never picked up.
+            self._transport = FastTransport(ssl_context=tls, limits=limits)
+        else:
+            # trust_env=False: a proxy must not pick up HTTP(S)_PROXY meant for its host's tools.
+            self._transport = httpx.AsyncHTTPTransport(
+                verify=tls if tls is not None else True, limits=limits, trust_env=False
+            )
         self._client = httpx.AsyncClient(
             transport=self._transport, timeout=timeout, trust_env=False, follow_redirects=False
         )
@@ -144,6 +154,11 @@ class UpstreamClient:
             timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
         )
 
+    @property
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """What sends this client's requests (`upstream.transport`)."""
+        return self._transport
+
     async def send(self, request: httpx.Request) -> httpx.Response:
         """The response, its body not yet read (`aiter_raw`, `aread`; `aclose` when done)."""
         response = await self._transport.handle_async_request(request)
@@ -165,8 +180,9 @@ SLICE_BYTES = 64 * 1024
 
 
 class RequestBody(httpx.AsyncByteStream):
-    """A forwarded body that says when it is all on the wire: `on_sent` runs once httpcore
-    asks for more after the last slice, which it does only once that slice is written, so
+    """A forwarded body that says when it is all on the wire: `on_sent` runs once the
+    transport asks for more after the last slice, which either transport does only once that
+    slice is written (handed to the socket, under its write buffer's high-water mark), so
     the call overlaps the upstream's work on the request. (httpcore's trace extension
     tells the same, at the price of a callback on every step of every request.)
 

@@ -12,7 +12,9 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import parse_config
-from proxy.upstream.client import SLICE_BYTES, RequestBody
+from proxy.upstream.client import SLICE_BYTES, RequestBody, UpstreamClient
+from proxy.upstream.transport import FastTransport
+from tests.fakes import FakeUpstream, Reply
 from tests.servers import read_body, serve
 from tests.slow import EndlessStreams, connect, stream_request
 
@@ -37,14 +39,18 @@ async def _echo(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": answer.encode()})
 
 
+@pytest.mark.parametrize("transport", ["fast", "httpx"])
 @pytest.mark.parametrize("size", [0, 10, SLICE_BYTES, SLICE_BYTES + 1, 5 * SLICE_BYTES + 7])
-def test_the_body_goes_whole_with_its_length_and_says_once_that_it_is_sent(size: int) -> None:
+def test_the_body_goes_whole_with_its_length_and_says_once_that_it_is_sent(
+    size: int, transport: str
+) -> None:
     payload = bytes(i % 251 for i in range(size))
     sent: list[int] = []
 
     async def go(url: str) -> str:
         body = RequestBody(payload, lambda: sent.append(len(sent)))
-        async with httpx.AsyncClient() as client:
+        sender = FastTransport() if transport == "fast" else httpx.AsyncHTTPTransport()
+        async with httpx.AsyncClient(transport=sender) as client:
             request = client.build_request("POST", url, headers=body.headers, content=body)
             response = await client.send(request)
             # Told before the answer could come: the upstream reads all of it first.
@@ -89,3 +95,32 @@ def test_tenants_never_share_an_upstream_pool(tmp_path: Path) -> None:
             for sock in held:
                 sock.close()
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("transport", ["fast", "httpx"])
+def test_either_transport_forwards_answers_and_streams(transport: str, tmp_path: Path) -> None:
+    """`upstream.transport`: Recap's own (the default) or httpx's, the same answers."""
+    fake = FakeUpstream()
+    fake.script([Reply(content="json answer"), Reply(content="streamed answer")])
+    with serve(fake.app) as upstream:
+        up = {"base_url": f"{upstream}/v1", "transport": transport}
+        config = parse_config(
+            {"store": f"sqlite:///{tmp_path / 'recap.db'}", "tenants": {"open": {"upstream": up}}},
+            env={},
+            base_dir=str(tmp_path),
+        )
+        upstream_config = config.tenants["open"].upstream
+        client = UpstreamClient(upstream_config, max_connections=1)
+        kind = FastTransport if transport == "fast" else httpx.AsyncHTTPTransport
+        assert type(client.transport) is kind
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        with serve(create_app(config)) as url, httpx.Client(timeout=60) as client:
+            r = client.post(f"{url}/v1/chat/completions", json=body)
+            with client.stream(
+                "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}
+            ) as s:
+                streamed = b"".join(s.iter_raw())
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "json answer"
+    assert s.status_code == 200
+    assert b"streamed" in streamed and streamed.endswith(b"data: [DONE]\n\n")
