@@ -34,16 +34,6 @@ from tests.servers import read_body, serve
 pytestmark = pytest.mark.quick
 
 
-@pytest.fixture(scope="module", params=["asyncio", "uvloop"])
-def event_loop_policy(request: pytest.FixtureRequest) -> asyncio.AbstractEventLoopPolicy:
-    """Every test on asyncio's loop and on uvloop's (what `recap serve` runs on where it is
-    installed): uvloop's transports are other classes with other buffering."""
-    if request.param == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
-        return uvloop.EventLoopPolicy()  # type: ignore[no-any-return]
-    return asyncio.DefaultEventLoopPolicy()
-
-
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 GUARD_S = 10.0  # a hang guard, never the thing tested
 
