@@ -40,9 +40,10 @@ so that machine noise lands on every target alike:
     in `--slice-s` windows that alternate between the targets.
 The load generator is one process of httpx.AsyncClients; `--client fast` (the default) gives
 them Recap's own upstream transport (`proxy/upstream/transport.py`), `--client httpx` httpx's.
-With httpx's the load generator spends more CPU per request than any proxy (about 5.5 ms against
-Recap's 3.5), so on 2 cores the RPS mostly says what the proxy leaves the load generator; the
-same client serves every target either way, so the ratios stay like for like.
+With httpx's the load generator spends more CPU per request than either proxy (about 1.5x
+Recap's; docs/benchmarks.md, "At 33843cf"), so on 2 cores the RPS mostly says what the proxy
+leaves the load generator; the same client serves every target either way, so the ratios stay
+like for like.
 Warm-up requests are sent first and excluded. Also printed: the CPU time each process spent
 per request in the throughput windows (Linux /proc; on 2 cores the load generator and the
 upstream compete with the proxy, so this is the steadier view of what a request costs it), and
